@@ -1,0 +1,34 @@
+package localcache
+
+import "fmt"
+
+// Cause says why an entry left the cache.
+type Cause uint8
+
+// Eviction causes.
+const (
+	// CauseSize: evicted to keep the cache within its byte or entry budget.
+	CauseSize Cause = iota + 1
+	// CauseTTL: its time to live ran out.
+	CauseTTL
+	// CauseInvalidated: removed by Invalidate (a weight update, a store eviction).
+	CauseInvalidated
+	// CauseExplicit: removed by Remove.
+	CauseExplicit
+	numCauses
+)
+
+// String returns "size", "ttl", "invalidated" or "explicit".
+func (c Cause) String() string {
+	switch c {
+	case CauseSize:
+		return "size"
+	case CauseTTL:
+		return "ttl"
+	case CauseInvalidated:
+		return "invalidated"
+	case CauseExplicit:
+		return "explicit"
+	}
+	return fmt.Sprintf("Cause(%d)", uint8(c))
+}

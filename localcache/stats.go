@@ -1,0 +1,50 @@
+package localcache
+
+// Stats is a snapshot of a cache's counters and size.
+type Stats struct {
+	Hits          uint64 // lookups answered by a live entry
+	Misses        uint64 // lookups that found none
+	Computes      uint64 // computes started
+	ComputeErrors uint64 // computes that failed
+	Waits         uint64 // misses that joined a running compute
+	Mutations     uint64 // values found changed by the mutation guard
+	// Evictions counts entries that left, indexed by Cause.
+	Evictions [numCauses]uint64
+
+	Entries     int   // live entries, pinned or not
+	Bytes       int64 // bytes held, including pinned and invalidated-but-pinned
+	Pinned      int   // entries with at least one pin
+	PinnedBytes int64
+	InFlight    int // computes running
+	Requests    int // requests holding pins
+}
+
+// Evicted returns how many entries left for the given cause.
+func (s Stats) Evicted(c Cause) uint64 {
+	if int(c) < len(s.Evictions) {
+		return s.Evictions[c]
+	}
+	return 0
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Cache[K, V]) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Entries = c.lru.Len()
+	s.Bytes = c.bytes
+	pinned := map[*entry[V]]bool{}
+	for _, set := range c.requests {
+		for _, e := range set.entries {
+			pinned[e] = true
+		}
+	}
+	s.Pinned = len(pinned)
+	for e := range pinned {
+		s.PinnedBytes += e.size
+	}
+	s.InFlight = len(c.flights)
+	s.Requests = len(c.requests)
+	return s
+}
