@@ -1,0 +1,25 @@
+package payload
+
+import "errors"
+
+var (
+	// ErrInvalidValue is returned for a value that cannot be encoded: a
+	// tensor whose shape disagrees with its data, a kind without its parts.
+	ErrInvalidValue = errors.New("payload: invalid value")
+	// ErrCorrupt is returned when bytes do not decode, or their size or
+	// checksum differs from the Location's. Such bytes are never a value.
+	ErrCorrupt = errors.New("payload: corrupt payload")
+	// ErrNotFound is returned when a transport does not hold the object.
+	ErrNotFound = errors.New("payload: object not found")
+	// ErrNoSpace is returned when a store's byte budget or disk cannot take
+	// the value; nothing is left half-written.
+	ErrNoSpace = errors.New("payload: no space")
+	// ErrTooLarge is returned for a value over a transport's size limit.
+	ErrTooLarge = errors.New("payload: value too large")
+	// ErrInvalidLocation is returned for a Location a transport cannot use.
+	ErrInvalidLocation = errors.New("payload: invalid location")
+	// ErrUnavailable is returned when a remote store cannot be reached.
+	ErrUnavailable = errors.New("payload: store unavailable")
+	// ErrClosed is returned by calls on a closed store or transport.
+	ErrClosed = errors.New("payload: closed")
+)

@@ -1,0 +1,88 @@
+package httppull
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/payload"
+)
+
+// bareTCP serves n bytes to every connection: the floor a pull over
+// loopback can reach.
+func bareTCP(b *testing.B, data []byte) (addr string, stop func()) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(data)
+			c.Close()
+		}
+	}()
+	return l.Addr().String(), func() { l.Close(); <-done }
+}
+
+// BenchmarkPull pulls 8 MiB and 100 MiB values over loopback HTTP (with
+// checksum verification) and, alternately, the same bytes over a bare TCP
+// connection; x-bare-tcp is their ratio (target <= 2, i.e. >= 50 %).
+func BenchmarkPull(b *testing.B) {
+	for _, size := range []int{8 << 20, 100 << 20} {
+		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
+			ctx := context.Background()
+			store := payload.NewMemoryStore("a", 0)
+			srv := httptest.NewServer(NewServer(store))
+			defer srv.Close()
+			tr, err := NewTransport("a", srv.URL, store)
+			if err != nil {
+				b.Fatal(err)
+			}
+			v := payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, make([]byte, size))
+			loc, err := tr.Put(ctx, testObj, v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			addr, stop := bareTCP(b, make([]byte, loc.Size))
+			defer stop()
+			dst := make([]byte, loc.Size)
+			var tPull, tTCP time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				got, err := tr.Get(ctx, loc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				got.Close()
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, dst); err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+				tTCP += time.Since(t1)
+				tPull += t1.Sub(t0)
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(size)*n/tPull.Seconds()/1e9, "GB/s-pull")
+			b.ReportMetric(float64(size)*n/tTCP.Seconds()/1e9, "GB/s-tcp")
+			b.ReportMetric(float64(tPull)/float64(tTCP), "x-bare-tcp")
+			srv.Client().CloseIdleConnections()
+			tr.client.CloseIdleConnections()
+		})
+	}
+}

@@ -1,0 +1,226 @@
+package httppull
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/payload"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type node struct {
+	store     *payload.MemoryStore
+	server    *httptest.Server
+	transport *Transport
+}
+
+func newNode(t *testing.T, name string, tlsOn bool, token string) *node {
+	t.Helper()
+	n := &node{store: payload.NewMemoryStore(name, 0)}
+	var sopts []ServerOption
+	if token != "" {
+		sopts = append(sopts, WithServerToken(token))
+	}
+	h := NewServer(n.store, sopts...)
+	if tlsOn {
+		n.server = httptest.NewTLSServer(h)
+	} else {
+		n.server = httptest.NewServer(h)
+	}
+	t.Cleanup(n.server.Close)
+	opts := []Option{WithHTTPClient(n.server.Client())}
+	if token != "" {
+		opts = append(opts, WithToken(token))
+	}
+	tr, err := NewTransport(name, n.server.URL, n.store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.transport = tr
+	t.Cleanup(n.server.Client().CloseIdleConnections)
+	return n
+}
+
+func value(n int) *payload.Value {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	return payload.NewTensor(cachekey.Uint8, []int64{int64(n)}, data)
+}
+
+var testObj = payload.ObjectID{Tenant: "acme", Key: cachekey.Key{0xab, 0xcd}}
+
+func TestPullAndServeOn(t *testing.T) {
+	for _, tlsOn := range []bool{false, true} {
+		name := map[bool]string{false: "http", true: "https"}[tlsOn]
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			a, b, c := newNode(t, "a", tlsOn, "s3cret"), newNode(t, "b", tlsOn, "s3cret"), newNode(t, "c", tlsOn, "s3cret")
+			v := value(3 << 20)
+			loc, err := a.transport.Put(ctx, testObj, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loc.Transport != payload.TransportHTTP || loc.Address != a.server.URL || loc.Node != "a" {
+				t.Fatalf("location %+v", loc)
+			}
+			got, err := b.transport.Get(ctx, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+				t.Fatal("pulled bytes differ")
+			}
+			// The replica that pulled serves it in turn.
+			locB, err := b.transport.Put(ctx, testObj, got)
+			if err != nil || locB.Checksum != loc.Checksum || locB.Address != b.server.URL {
+				t.Fatalf("replica put: %+v %v", locB, err)
+			}
+			fromB, err := c.transport.Get(ctx, locB)
+			if err != nil || !bytes.Equal(fromB.Tensor.Data, v.Tensor.Data) {
+				t.Fatalf("pull from the replica: %v", err)
+			}
+			if err := a.transport.Delete(ctx, loc); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.transport.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
+				t.Fatalf("after delete: %v", err)
+			}
+		})
+	}
+}
+
+func TestWrongTokenGets401AndNothingElse(t *testing.T) {
+	ctx := context.Background()
+	a := newNode(t, "a", false, "right")
+	loc, _ := a.transport.Put(ctx, testObj, value(100))
+	for _, auth := range []string{"", "Bearer wrong", "Bearer right-but-longer", "Basic cmlnaHQ=", "bearer right"} {
+		req, _ := http.NewRequest(http.MethodGet, a.server.URL+PathPrefix+loc.Object, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := a.server.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body bytes.Buffer
+		body.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || body.Len() != 0 ||
+			resp.Header.Get(HeaderChecksum) != "" || resp.Header.Get(HeaderSize) != "" {
+			t.Fatalf("auth %q: %s, %d body bytes, headers %v", auth, resp.Status, body.Len(), resp.Header)
+		}
+	}
+	wrong, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0), WithToken("wrong"))
+	if _, err := wrong.Get(ctx, loc); !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("transport with a wrong token: %v", err)
+	}
+}
+
+func TestMalformedAndTraversalPaths(t *testing.T) {
+	a := newNode(t, "a", false, "")
+	loc, _ := a.transport.Put(context.Background(), testObj, value(100))
+	key := testObj.Key.String()
+	for path, want := range map[string]int{
+		PathPrefix + loc.Object:                        200,
+		PathPrefix + "acme/" + strings.Repeat("0", 64): 404,
+		PathPrefix + "other/" + key:                    404,
+		PathPrefix + "acme/" + key + "/x":              400,
+		PathPrefix + "acme/../" + key:                  400,
+		PathPrefix + "..%2f..%2fetc/passwd":            400,
+		PathPrefix + "acme%2f" + key:                   400,
+		PathPrefix + "acme/" + strings.ToUpper(key):    400,
+		PathPrefix + "a.b/" + key:                      400,
+		PathPrefix + "%2e%2e/" + key:                   400,
+		PathPrefix + "acme/" + key + "?x=1":            400,
+		"/v1/payload":                                  400,
+		"/etc/passwd":                                  400,
+		"/v1/other/acme/" + key:                        400,
+	} {
+		conn, err := net.Dial("tcp", a.server.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A raw request, so no client library cleans the path first.
+		conn.Write([]byte("GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+		var resp bytes.Buffer
+		resp.ReadFrom(conn)
+		conn.Close()
+		status := strings.SplitN(resp.String(), " ", 3)
+		if len(status) < 2 || status[1] != strconv.Itoa(want) {
+			t.Errorf("GET %s: %q, want %d", path, firstLine(resp.String()), want)
+		}
+	}
+	resp, err := http.Post(a.server.URL+PathPrefix+loc.Object, "application/octet-stream", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("POST: %s", resp.Status)
+	}
+}
+
+func firstLine(s string) string { line, _, _ := strings.Cut(s, "\r\n"); return line }
+
+// corruptSource serves a fixed blob, whatever it claims.
+type corruptSource struct{ blob *payload.Blob }
+
+func (c corruptSource) Open(context.Context, payload.ObjectID) (*payload.Blob, error) {
+	return payload.NewBlob(c.blob.Data, c.blob.Checksum, nil), nil
+}
+
+func TestCorruptionIsNeverAValue(t *testing.T) {
+	ctx := context.Background()
+	v := value(1000)
+	enc, _ := payload.Encode(v)
+	sum, _ := payload.Sum(v)
+	loc := payload.Location{Transport: payload.TransportHTTP, Object: testObj.String(), Size: int64(len(enc)), Checksum: sum}
+	for name, blob := range map[string]*payload.Blob{
+		"flipped byte":   payload.NewBlob(append(bytes.Clone(enc[:len(enc)-1]), enc[len(enc)-1]^1), sum, nil),
+		"short":          payload.NewBlob(enc[:len(enc)-64], sum, nil),
+		"other checksum": payload.NewBlob(enc, payload.Checksum{1}, nil),
+		"longer":         payload.NewBlob(append(bytes.Clone(enc), make([]byte, 64)...), sum, nil),
+		"corrupt header": payload.NewBlob(append([]byte("XXXXXXXX"), enc[8:]...), sum, nil),
+	} {
+		srv := httptest.NewServer(NewServer(corruptSource{blob}))
+		tr, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0))
+		loc.Address = srv.URL
+		got, err := tr.Get(ctx, loc)
+		srv.Close()
+		if !errors.Is(err, payload.ErrCorrupt) || got != nil {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		}
+	}
+	tr, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0), WithMaxSize(100))
+	if _, err := tr.Get(ctx, loc); !errors.Is(err, payload.ErrTooLarge) {
+		t.Errorf("over the size limit: %v", err)
+	}
+}
+
+func TestServerDown(t *testing.T) {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	tr, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0))
+	loc := payload.Location{Transport: payload.TransportHTTP, Address: "http://" + addr, Object: testObj.String(), Size: 128}
+	if _, err := tr.Get(context.Background(), loc); !errors.Is(err, payload.ErrUnavailable) {
+		t.Fatalf("server down: %v", err)
+	}
+	for _, bad := range []string{"", "ftp://x", "http://", "x:y"} {
+		if _, err := NewTransport("b", bad, payload.NewMemoryStore("b", 0)); err == nil {
+			t.Errorf("advertise %q accepted", bad)
+		}
+	}
+}

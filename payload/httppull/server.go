@@ -1,0 +1,107 @@
+package httppull
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/embcache/embcache/payload"
+)
+
+// PathPrefix is where payloads are served.
+const PathPrefix = "/v1/payload/"
+
+// Response headers.
+const (
+	HeaderChecksum = "X-Embcache-Checksum"
+	HeaderSize     = "X-Embcache-Size"
+)
+
+// Source is where a server finds the encodings it serves; the shm store
+// and payload.MemoryStore are sources.
+type Source interface {
+	Open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, error)
+}
+
+// Server serves the objects of a Source. It is an http.Handler.
+type Server struct {
+	src    Source
+	token  string
+	logger *slog.Logger
+}
+
+// ServerOption configures a Server.
+type ServerOption func(*Server)
+
+// WithServerToken requires "Authorization: Bearer <token>" on every request.
+func WithServerToken(token string) ServerOption { return func(s *Server) { s.token = token } }
+
+// WithLogger sets where the server logs failures (default: slog.Default()).
+func WithLogger(l *slog.Logger) ServerOption { return func(s *Server) { s.logger = l } }
+
+// NewServer returns a handler serving src.
+func NewServer(src Source, opts ...ServerOption) *Server {
+	s := &Server{src: src, logger: slog.Default()}
+	for _, opt := range opts {
+		opt(s)
+	}
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.token != "" && !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="embcache"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	// The escaped path, so %2e%2e or %2f cannot turn into something the
+	// object parser would see differently from what was sent.
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), PathPrefix)
+	if !ok || r.URL.RawQuery != "" {
+		http.Error(w, "not a payload path", http.StatusBadRequest)
+		return
+	}
+	obj, err := payload.ParseObjectID(rest)
+	if err != nil {
+		http.Error(w, "malformed object name", http.StatusBadRequest)
+		return
+	}
+	blob, err := s.src.Open(r.Context(), obj)
+	if errors.Is(err, payload.ErrNotFound) {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		s.logger.Warn("httppull: open failed", "object", obj.String(), "err", err)
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	defer blob.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Length", strconv.Itoa(len(blob.Data)))
+	h.Set(HeaderSize, strconv.Itoa(len(blob.Data)))
+	h.Set(HeaderChecksum, blob.Checksum.String())
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	if _, err := w.Write(blob.Data); err != nil {
+		s.logger.Debug("httppull: client went away", "object", obj.String(), "err", err)
+	}
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
+}

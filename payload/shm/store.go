@@ -1,0 +1,344 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/embcache/embcache/payload"
+	"github.com/zeebo/blake3"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultDir is where the store keeps its files unless told otherwise.
+const DefaultDir = "/dev/shm/embcache"
+
+const (
+	tmpDir      = ".tmp"
+	trailerSize = len(payload.Checksum{})
+)
+
+// Store is the shm transport of one node. Several processes may share a
+// directory; each Store accounts the bytes it sees at Open and what it
+// writes or deletes itself.
+type Store struct {
+	dir        string
+	node       string
+	maxBytes   int64
+	verifyData bool
+
+	mu   sync.Mutex
+	used int64 // bytes of files in dir, as this Store knows them; guarded by mu
+}
+
+// Option configures a Store.
+type Option func(*Store) error
+
+// WithMaxBytes sets the byte budget; a Put past it is ErrNoSpace.
+func WithMaxBytes(n int64) Option {
+	return func(s *Store) error {
+		if n <= 0 {
+			return fmt.Errorf("shm: max bytes must be > 0, got %d", n)
+		}
+		s.maxBytes = n
+		return nil
+	}
+}
+
+// WithNode names the node in the Locations the store writes (default: the hostname).
+func WithNode(node string) Option {
+	return func(s *Store) error {
+		if node == "" {
+			return errors.New("shm: empty node name")
+		}
+		s.node = node
+		return nil
+	}
+}
+
+// WithVerifyData makes every Get hash the whole file against the
+// Location's checksum (a pass over the data) instead of checking the
+// trailer the writer left.
+func WithVerifyData(on bool) Option {
+	return func(s *Store) error { s.verifyData = on; return nil }
+}
+
+// Open opens (creating if needed) the store in dir ("" means DefaultDir).
+func Open(dir string, opts ...Option) (*Store, error) {
+	if dir == "" {
+		dir = DefaultDir
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	s := &Store{dir: abs, node: host, maxBytes: 1 << 62}
+	for _, opt := range opts {
+		if err := opt(s); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(abs, tmpDir), 0o755); err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	err = filepath.WalkDir(abs, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && d.Name() == tmpDir {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() {
+			if info, err := d.Info(); err == nil {
+				s.used += info.Size()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("shm: scanning %s: %w", abs, err)
+	}
+	return s, nil
+}
+
+// Dir returns the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Used returns the bytes the store accounts for.
+func (s *Store) Used() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
+func (s *Store) path(obj payload.ObjectID) string {
+	return filepath.Join(s.dir, obj.Tenant, obj.Key.String())
+}
+
+func (s *Store) location(obj payload.ObjectID, size int64, sum payload.Checksum) payload.Location {
+	return payload.Location{Transport: payload.TransportShm, Node: s.node, Address: s.dir,
+		Object: obj.String(), Size: size, Checksum: sum}
+}
+
+// Put writes v under obj. An object already present is left as it is and
+// Put succeeds (first writer wins). Over the budget, or when tmpfs is full,
+// the error wraps payload.ErrNoSpace and nothing is left behind.
+func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
+	if err := obj.Validate(); err != nil {
+		return payload.Location{}, err
+	}
+	header, err := payload.Header(v)
+	if err != nil {
+		return payload.Location{}, err
+	}
+	data := v.Tensor.Data
+	size := int64(len(header) + len(data))
+	hasher := blake3.New()
+	hasher.Write(header)
+	hasher.Write(data)
+	var sum payload.Checksum
+	hasher.Sum(sum[:0])
+
+	final := s.path(obj)
+	if _, err := os.Stat(final); err == nil {
+		return s.location(obj, size, sum), nil
+	}
+	if err := ctx.Err(); err != nil {
+		return payload.Location{}, err
+	}
+	fileSize := size + int64(trailerSize)
+	s.mu.Lock()
+	if s.used+fileSize > s.maxBytes {
+		used := s.used
+		s.mu.Unlock()
+		return payload.Location{}, fmt.Errorf("%w: %d bytes used, %d more exceed the budget of %d", payload.ErrNoSpace, used, fileSize, s.maxBytes)
+	}
+	s.used += fileSize
+	s.mu.Unlock()
+
+	written, err := s.write(obj, final, fileSize, header, data, sum[:])
+	if !written {
+		s.mu.Lock()
+		s.used -= fileSize
+		s.mu.Unlock()
+	}
+	if err != nil {
+		return payload.Location{}, err
+	}
+	return s.location(obj, size, sum), nil
+}
+
+// write puts the file in place; written is false when nothing new stays on
+// disk (an error, or another writer got there first).
+func (s *Store) write(obj payload.ObjectID, final string, fileSize int64, parts ...[]byte) (written bool, err error) {
+	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+		return false, fmt.Errorf("shm: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Join(s.dir, tmpDir), strconv.Itoa(os.Getpid())+"-*")
+	if err != nil {
+		return false, fmt.Errorf("shm: %w", err)
+	}
+	defer func() {
+		if err != nil || !written {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if err := unix.Fallocate(int(tmp.Fd()), 0, 0, fileSize); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+		}
+		if !errors.Is(err, unix.EOPNOTSUPP) {
+			return false, fmt.Errorf("shm: fallocate: %w", err)
+		}
+	}
+	for _, p := range parts {
+		if _, err := tmp.Write(p); err != nil {
+			if errors.Is(err, unix.ENOSPC) {
+				return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+			}
+			return false, fmt.Errorf("shm: %w", err)
+		}
+	}
+	if err := tmp.Chmod(0o444); err != nil {
+		return false, fmt.Errorf("shm: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return false, fmt.Errorf("shm: %w", err)
+	}
+	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
+	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		os.Remove(tmp.Name())
+		return false, nil // another writer won; its value is ours
+	}
+	if err != nil {
+		return false, fmt.Errorf("shm: rename into place: %w", err)
+	}
+	return true, nil
+}
+
+// Get maps the file at loc read-only and returns the value over the
+// mapping; Close on the value unmaps it. The size and the checksum trailer
+// must match loc (and, with WithVerifyData, the hash of the data), else
+// payload.ErrCorrupt. A missing file is payload.ErrNotFound.
+func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
+	if err := loc.Validate(); err != nil {
+		return nil, err
+	}
+	if loc.Transport != payload.TransportShm || loc.Address != s.dir {
+		return nil, fmt.Errorf("%w: %s at %q is not this store (%s)", payload.ErrInvalidLocation, loc.Transport, loc.Address, s.dir)
+	}
+	obj, _ := loc.ObjectID()
+	b, err := s.open(ctx, obj, loc.Size)
+	if err != nil {
+		return nil, err
+	}
+	var v *payload.Value
+	if s.verifyData {
+		v, err = payload.Verify(b.Data, loc.Size, loc.Checksum)
+	} else if b.Checksum != loc.Checksum {
+		err = fmt.Errorf("%w: file checksum %v, location says %v", payload.ErrCorrupt, b.Checksum, loc.Checksum)
+	} else {
+		v, err = payload.Decode(b.Data)
+	}
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return payload.WithRelease(v, b.Close), nil
+}
+
+// Open maps obj's file and returns its encoding and the checksum its
+// trailer records (what an httppull server serves). Close unmaps it.
+func (s *Store) Open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, error) {
+	return s.open(ctx, obj, -1)
+}
+
+func (s *Store) open(ctx context.Context, obj payload.ObjectID, want int64) (*payload.Blob, error) {
+	if err := obj.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(s.path(obj))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %v", payload.ErrNotFound, obj)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	size := info.Size() - int64(trailerSize)
+	if size < payload.PreludeSize || (want >= 0 && size != want) {
+		return nil, fmt.Errorf("%w: %v holds %d bytes, want %d", payload.ErrCorrupt, obj, size, want)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: mmap: %w", err)
+	}
+	var sum payload.Checksum
+	copy(sum[:], m[size:])
+	return payload.NewBlob(m[:size:size], sum, func() error { return unix.Munmap(m) }), nil
+}
+
+// Delete removes the object's file. Mappings of it stay valid until their
+// values are closed (the kernel keeps an unlinked file while it is mapped).
+func (s *Store) Delete(_ context.Context, loc payload.Location) error {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return err
+	}
+	path := s.path(obj)
+	info, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("shm: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("shm: %w", err)
+	}
+	s.mu.Lock()
+	s.used = max(0, s.used-info.Size())
+	s.mu.Unlock()
+	return nil
+}
+
+// Sweep removes the temp files of writers that died mid-write (their pid
+// is in the file name and no longer runs) and returns how many it removed.
+func (s *Store) Sweep() (int, error) {
+	entries, err := os.ReadDir(filepath.Join(s.dir, tmpDir))
+	if err != nil {
+		return 0, fmt.Errorf("shm: %w", err)
+	}
+	n := 0
+	for _, e := range entries {
+		pidText, _, ok := strings.Cut(e.Name(), "-")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || err != nil || pid <= 0 {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			if os.Remove(filepath.Join(s.dir, tmpDir, e.Name())) == nil {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+var _ payload.Transport = (*Store)(nil)
