@@ -1,0 +1,358 @@
+//go:build mooncake && cgo
+
+package mooncake
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Prototypes of Mooncake Store's C API (mooncake-store/include/store_c.h),
+// declared here so the build needs no Mooncake headers.
+typedef void *mc_store_t;
+typedef struct {
+	size_t replica_num;
+	int with_soft_pin;
+	int with_hard_pin;
+	const char **preferred_segments;
+	size_t preferred_segments_count;
+} mc_replicate_config_t;
+
+typedef mc_store_t (*mc_create_fn)(void);
+typedef void (*mc_destroy_fn)(mc_store_t);
+typedef int (*mc_setup_fn)(mc_store_t, const char *, const char *, uint64_t, uint64_t, const char *, const char *, const char *);
+typedef int (*mc_put_fn)(mc_store_t, const char *, const void *, size_t, const mc_replicate_config_t *);
+typedef int64_t (*mc_get_into_fn)(mc_store_t, const char *, void *, size_t);
+typedef int64_t (*mc_get_size_fn)(mc_store_t, const char *);
+typedef int (*mc_is_exist_fn)(mc_store_t, const char *);
+typedef int (*mc_remove_fn)(mc_store_t, const char *, int);
+typedef int (*mc_register_fn)(mc_store_t, void *, size_t);
+typedef int (*mc_unregister_fn)(mc_store_t, void *);
+
+typedef struct {
+	void *lib;
+	mc_create_fn create;
+	mc_destroy_fn destroy;
+	mc_setup_fn setup;
+	mc_put_fn put;
+	mc_get_into_fn get_into;
+	mc_get_size_fn get_size;
+	mc_is_exist_fn is_exist;
+	mc_remove_fn remove;
+	mc_register_fn register_buffer;
+	mc_unregister_fn unregister_buffer;
+} mc_api;
+
+// mc_load fills api from the library at path; it returns NULL or the name
+// of what failed (the dlerror text stays valid until the next dl call).
+static const char *mc_load(const char *path, mc_api *api) {
+	memset(api, 0, sizeof *api);
+	api->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!api->lib) return dlerror();
+#define MC_SYM(field, name) \
+	if (!(*(void **)(&api->field) = dlsym(api->lib, name))) return name;
+	MC_SYM(create, "mooncake_store_create")
+	MC_SYM(destroy, "mooncake_store_destroy")
+	MC_SYM(setup, "mooncake_store_setup")
+	MC_SYM(put, "mooncake_store_put")
+	MC_SYM(get_into, "mooncake_store_get_into")
+	MC_SYM(get_size, "mooncake_store_get_size")
+	MC_SYM(is_exist, "mooncake_store_is_exist")
+	MC_SYM(remove, "mooncake_store_remove")
+	MC_SYM(register_buffer, "mooncake_store_register_buffer")
+	MC_SYM(unregister_buffer, "mooncake_store_unregister_buffer")
+#undef MC_SYM
+	return NULL;
+}
+
+static void mc_close(mc_api *api) { if (api->lib) dlclose(api->lib); }
+static mc_store_t mc_create(mc_api *a) { return a->create(); }
+static void mc_destroy(mc_api *a, mc_store_t s) { a->destroy(s); }
+static int mc_setup(mc_api *a, mc_store_t s, const char *host, const char *meta, uint64_t seg, uint64_t buf,
+                    const char *proto, const char *dev, const char *master) {
+	return a->setup(s, host, meta, seg, buf, proto, dev, master);
+}
+static int mc_put(mc_api *a, mc_store_t s, const char *key, const void *v, size_t n, size_t replicas) {
+	mc_replicate_config_t cfg = {0};
+	cfg.replica_num = replicas;
+	return a->put(s, key, v, n, &cfg);
+}
+static int64_t mc_get_into(mc_api *a, mc_store_t s, const char *key, void *buf, size_t n) { return a->get_into(s, key, buf, n); }
+static int64_t mc_get_size(mc_api *a, mc_store_t s, const char *key) { return a->get_size(s, key); }
+static int mc_is_exist(mc_api *a, mc_store_t s, const char *key) { return a->is_exist(s, key); }
+static int mc_remove(mc_api *a, mc_store_t s, const char *key, int force) { return a->remove(s, key, force); }
+static int mc_register(mc_api *a, mc_store_t s, void *buf, size_t n) { return a->register_buffer(s, buf, n); }
+static int mc_unregister(mc_api *a, mc_store_t s, void *buf) { return a->unregister_buffer(s, buf); }
+static void *mc_alloc(size_t n) { void *p = NULL; return posix_memalign(&p, 4096, n) == 0 ? p : NULL; }
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"sync"
+	"unsafe"
+
+	"github.com/embcache/embcache/payload"
+	"github.com/zeebo/blake3"
+)
+
+// Config says how to reach a Mooncake Store; the fields are setup's arguments.
+type Config struct {
+	Library           string // dlopen path; default "libmooncake_store.so"
+	Node              string // this node, as written in Locations
+	LocalHostname     string
+	MetadataServer    string // e.g. "P2PHANDSHAKE" or an http:// metadata URL
+	GlobalSegmentSize uint64
+	LocalBufferSize   uint64
+	Protocol          string // "tcp" or "rdma"
+	DeviceName        string // RDMA devices; "" lets Mooncake choose
+	MasterServerAddr  string // e.g. "127.0.0.1:50051"
+	Replicas          int    // replicas per object; default 1
+	MaxSize           int64  // largest value accepted; default 4 GiB
+}
+
+// Store is a payload.Transport over Mooncake Store. Safe for concurrent use.
+type Store struct {
+	cfg   Config
+	api   *C.mc_api // C memory: cgo forbids C keeping pointers into Go memory
+	store C.mc_store_t
+
+	ops sync.WaitGroup // calls in progress; Close waits for them
+
+	mu      sync.Mutex
+	closed  bool
+	buffers [64][]unsafe.Pointer // registered free buffers by size class; guarded by mu
+	owned   []unsafe.Pointer     // every registered buffer, freed on Close; guarded by mu
+}
+
+// Open loads the library and sets the store up. The error wraps
+// ErrLibrary when the library or a symbol is missing, or is a *CodeError
+// from setup.
+func Open(cfg Config) (*Store, error) {
+	if cfg.Library == "" {
+		cfg.Library = "libmooncake_store.so"
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.MaxSize <= 0 {
+		cfg.MaxSize = 4 << 30
+	}
+	api := (*C.mc_api)(C.calloc(1, C.sizeof_mc_api))
+	path := C.CString(cfg.Library)
+	defer C.free(unsafe.Pointer(path))
+	if failed := C.mc_load(path, api); failed != nil {
+		msg := C.GoString(failed)
+		C.mc_close(api)
+		C.free(unsafe.Pointer(api))
+		return nil, fmt.Errorf("%w: %s: %s", ErrLibrary, cfg.Library, msg)
+	}
+	s := &Store{cfg: cfg, api: api}
+	s.store = C.mc_create(api)
+	if s.store == nil {
+		s.release()
+		return nil, &CodeError{Op: "create", Code: -1}
+	}
+	cs := func(v string) *C.char { return C.CString(v) }
+	args := []*C.char{cs(cfg.LocalHostname), cs(cfg.MetadataServer), cs(cfg.Protocol), cs(cfg.DeviceName), cs(cfg.MasterServerAddr)}
+	defer func() {
+		for _, a := range args {
+			C.free(unsafe.Pointer(a))
+		}
+	}()
+	rc := C.mc_setup(api, s.store, args[0], args[1], C.uint64_t(cfg.GlobalSegmentSize), C.uint64_t(cfg.LocalBufferSize), args[2], args[3], args[4])
+	if rc != 0 {
+		s.release()
+		return nil, &CodeError{Op: "setup", Code: int64(rc)}
+	}
+	return s, nil
+}
+
+func objectName(obj payload.ObjectID) string { return "embcache/" + obj.String() }
+
+// Put stores v's encoding under obj. A duplicate put succeeds (first writer
+// wins); either way the Location is returned only after is_exist reports
+// the object.
+func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
+	if err := obj.Validate(); err != nil {
+		return payload.Location{}, err
+	}
+	if v.Size() > s.cfg.MaxSize {
+		return payload.Location{}, fmt.Errorf("%w: %d bytes, limit %d", payload.ErrTooLarge, v.Size(), s.cfg.MaxSize)
+	}
+	enc, err := payload.Encode(v)
+	if err != nil {
+		return payload.Location{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return payload.Location{}, err
+	}
+	sum := payload.Checksum(blake3.Sum256(enc))
+	key := C.CString(objectName(obj))
+	defer C.free(unsafe.Pointer(key))
+	if err := s.use(); err != nil {
+		return payload.Location{}, err
+	}
+	defer s.done()
+	// enc holds no Go pointers and put copies it before returning.
+	rc := C.mc_put(s.api, s.store, key, unsafe.Pointer(unsafe.SliceData(enc)), C.size_t(len(enc)), C.size_t(s.cfg.Replicas))
+	if rc != 0 && rc != codeObjectAlreadyExists {
+		return payload.Location{}, &CodeError{Op: "put", Code: int64(rc)}
+	}
+	if exist := C.mc_is_exist(s.api, s.store, key); exist != 1 {
+		if exist < 0 {
+			return payload.Location{}, &CodeError{Op: "is_exist", Code: int64(exist)}
+		}
+		return payload.Location{}, fmt.Errorf("%w: put of %v returned %d but the object does not exist", payload.ErrUnavailable, obj, rc)
+	}
+	return payload.Location{Transport: payload.TransportMooncake, Node: s.cfg.Node, Address: s.cfg.MasterServerAddr,
+		Object: obj.String(), Size: int64(len(enc)), Checksum: sum}, nil
+}
+
+// Get reads the object at loc into a registered buffer and verifies it;
+// Close on the value returns the buffer. Errors: payload.ErrNotFound,
+// payload.ErrCorrupt (size or checksum), payload.ErrTooLarge,
+// payload.ErrUnavailable, or a *CodeError.
+func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
+	if err := loc.Validate(); err != nil {
+		return nil, err
+	}
+	if loc.Transport != payload.TransportMooncake {
+		return nil, fmt.Errorf("%w: transport %q is not mooncake", payload.ErrInvalidLocation, loc.Transport)
+	}
+	if loc.Size > s.cfg.MaxSize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", payload.ErrTooLarge, loc.Size, s.cfg.MaxSize)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	obj, _ := loc.ObjectID()
+	key := C.CString(objectName(obj))
+	defer C.free(unsafe.Pointer(key))
+	if err := s.use(); err != nil {
+		return nil, err
+	}
+	defer s.done()
+	buf, class, err := s.buffer(int(loc.Size))
+	if err != nil {
+		return nil, err
+	}
+	release := func() error { s.putBuffer(buf, class); return nil }
+	n := C.mc_get_into(s.api, s.store, key, buf, C.size_t(loc.Size))
+	if n < 0 {
+		release()
+		return nil, &CodeError{Op: "get_into", Code: int64(n)}
+	}
+	if int64(n) != loc.Size {
+		release()
+		return nil, fmt.Errorf("%w: read %d bytes, location says %d", payload.ErrCorrupt, n, loc.Size)
+	}
+	data := unsafe.Slice((*byte)(buf), int(loc.Size))
+	v, err := payload.Verify(data, loc.Size, loc.Checksum)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return payload.WithRelease(v, release), nil
+}
+
+// Delete removes the object (not forced: an object a reader holds a lease
+// on is ErrBusy). An absent object is not an error.
+func (s *Store) Delete(_ context.Context, loc payload.Location) error {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return err
+	}
+	key := C.CString(objectName(obj))
+	defer C.free(unsafe.Pointer(key))
+	if err := s.use(); err != nil {
+		return err
+	}
+	defer s.done()
+	if rc := C.mc_remove(s.api, s.store, key, 0); rc != 0 && rc != codeObjectNotFound {
+		return &CodeError{Op: "remove", Code: int64(rc)}
+	}
+	return nil
+}
+
+// Close unregisters and frees the buffers and destroys the store. Values
+// still open must be closed first: their bytes are in those buffers.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.ops.Wait()
+	s.release()
+	return nil
+}
+
+func (s *Store) release() {
+	for _, p := range s.owned {
+		if s.store != nil {
+			C.mc_unregister(s.api, s.store, p)
+		}
+		C.free(p)
+	}
+	s.owned = nil
+	if s.store != nil {
+		C.mc_destroy(s.api, s.store)
+		s.store = nil
+	}
+	C.mc_close(s.api)
+	C.free(unsafe.Pointer(s.api))
+}
+
+// buffer returns a registered buffer of at least n bytes.
+func (s *Store) buffer(n int) (unsafe.Pointer, int, error) {
+	class := bits.Len(uint(n - 1))
+	s.mu.Lock()
+	if free := s.buffers[class]; len(free) > 0 {
+		p := free[len(free)-1]
+		s.buffers[class] = free[:len(free)-1]
+		s.mu.Unlock()
+		return p, class, nil
+	}
+	s.mu.Unlock()
+	size := C.size_t(1) << class
+	p := C.mc_alloc(size)
+	if p == nil {
+		return nil, 0, fmt.Errorf("%w: cannot allocate a %d-byte buffer", payload.ErrNoSpace, size)
+	}
+	if rc := C.mc_register(s.api, s.store, p, size); rc != 0 {
+		C.free(p)
+		return nil, 0, &CodeError{Op: "register_buffer", Code: int64(rc)}
+	}
+	s.mu.Lock()
+	s.owned = append(s.owned, p)
+	s.mu.Unlock()
+	return p, class, nil
+}
+
+func (s *Store) putBuffer(p unsafe.Pointer, class int) {
+	s.mu.Lock()
+	s.buffers[class] = append(s.buffers[class], p)
+	s.mu.Unlock()
+}
+
+// use admits a call unless the store is closed; done ends it.
+func (s *Store) use() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("mooncake: %w", payload.ErrClosed)
+	}
+	s.ops.Add(1)
+	return nil
+}
+
+func (s *Store) done() { s.ops.Done() }
+
+var _ payload.Transport = (*Store)(nil)

@@ -1,0 +1,230 @@
+//go:build mooncake && cgo
+
+package mooncake
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/payload"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// buildFake compiles testdata/fake_store.c into a shared library.
+func buildFake(t *testing.T) string {
+	t.Helper()
+	lib := filepath.Join(t.TempDir(), "libfake_mooncake.so")
+	out, err := exec.Command("gcc", "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib, "testdata/fake_store.c", "-lpthread").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return lib
+}
+
+func openFake(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(Config{Library: buildFake(t), Node: "n1", LocalHostname: "127.0.0.1", MetadataServer: "P2PHANDSHAKE",
+		Protocol: "tcp", MasterServerAddr: "127.0.0.1:50051", GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func value(n int) *payload.Value {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*11 + 5)
+	}
+	return payload.NewTensor(cachekey.Uint8, []int64{int64(n)}, data)
+}
+
+var obj = payload.ObjectID{Tenant: "acme", Key: cachekey.Key{7, 7, 7}}
+
+func TestRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s := openFake(t)
+	v := value(100_000)
+	loc, err := s.Put(ctx, obj, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc.Transport != payload.TransportMooncake || loc.Node != "n1" || loc.Size != v.Size() || loc.Validate() != nil {
+		t.Fatalf("location %+v", loc)
+	}
+	again, err := s.Put(ctx, obj, v)
+	if err != nil || again != loc {
+		t.Fatalf("duplicate put: %+v %v", again, err)
+	}
+	for range 3 { // buffers are reused after Close
+		got, err := s.Get(ctx, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+			t.Fatal("value differs")
+		}
+		got.Close()
+	}
+	if n := len(s.owned); n != 1 {
+		t.Fatalf("%d registered buffers for three sequential gets, want 1", n)
+	}
+	if err := s.Delete(ctx, loc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+	if err := s.Delete(ctx, loc); err != nil {
+		t.Fatalf("deleting an absent object: %v", err)
+	}
+}
+
+func TestErrorCodesMap(t *testing.T) {
+	ctx := context.Background()
+	s := openFake(t)
+	loc, err := s.Put(ctx, obj, value(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		fail string
+		call func() error
+		want error
+		code int64
+	}{
+		{"get_into:-704", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrNotFound, -704},
+		{"get_into:-900", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -900},
+		{"get_into:-901", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -901},
+		{"get_into:-707", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -707},
+		{"put:-900", func() error { _, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10)); return err }, payload.ErrUnavailable, -900},
+		{"is_exist:-901", func() error { _, err := s.Put(ctx, obj, value(1000)); return err }, payload.ErrUnavailable, -901},
+		{"remove:-706", func() error { return s.Delete(ctx, loc) }, ErrBusy, -706},
+		{"remove:-901", func() error { return s.Delete(ctx, loc) }, payload.ErrUnavailable, -901},
+		{"register:-1", func() error { _, err := s.Get(ctx, payload.Location{Transport: "mooncake", Object: obj.String(), Size: 1 << 22}); return err }, nil, -1},
+	} {
+		t.Run(tc.fail, func(t *testing.T) {
+			t.Setenv("FAKE_MOONCAKE_FAIL", tc.fail)
+			err := tc.call()
+			var ce *CodeError
+			if !errors.As(err, &ce) || ce.Code != tc.code {
+				t.Fatalf("got %v, want a CodeError with code %d", err, tc.code)
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("%v does not map to %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCorruptAndLostObjects(t *testing.T) {
+	ctx := context.Background()
+	s := openFake(t)
+	loc, _ := s.Put(ctx, obj, value(5000))
+	t.Setenv("FAKE_MOONCAKE_CORRUPT", "1")
+	if got, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) || got != nil {
+		t.Fatalf("corrupted bytes: %v", err)
+	}
+	t.Setenv("FAKE_MOONCAKE_CORRUPT", "0")
+	short := loc
+	short.Size += 64
+	if _, err := s.Get(ctx, short); !errors.Is(err, payload.ErrCorrupt) {
+		t.Fatalf("size mismatch: %v", err)
+	}
+	t.Setenv("FAKE_MOONCAKE_LOST", "1")
+	if _, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{8}}, value(10)); !errors.Is(err, payload.ErrUnavailable) {
+		t.Fatalf("a put that stored nothing was published: %v", err)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	ctx := context.Background()
+	s := openFake(t)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			o := payload.ObjectID{Tenant: "acme", Key: cachekey.Key{byte(i % 3)}}
+			v := value(4096 + i%3)
+			for range 20 {
+				loc, err := s.Put(ctx, o, v)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got, err := s.Get(ctx, loc)
+				if err != nil || !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+					t.Error("get:", err)
+					return
+				}
+				got.Close()
+			}
+		})
+	}
+	wg.Wait()
+	s.Close()
+	if _, err := s.Get(ctx, payload.Location{Transport: "mooncake", Object: obj.String(), Size: 100}); !errors.Is(err, payload.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+func TestLibraryErrors(t *testing.T) {
+	if _, err := Open(Config{Library: filepath.Join(t.TempDir(), "missing.so")}); !errors.Is(err, ErrLibrary) {
+		t.Fatalf("missing library: %v", err)
+	}
+	partial := filepath.Join(t.TempDir(), "partial.c")
+	os.WriteFile(partial, []byte("void *mooncake_store_create(void) { return 0; }\n"), 0o644)
+	lib := filepath.Join(t.TempDir(), "libpartial.so")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, partial).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	if _, err := Open(Config{Library: lib}); !errors.Is(err, ErrLibrary) {
+		t.Fatalf("library without the API: %v", err)
+	}
+	t.Setenv("FAKE_MOONCAKE_FAIL", "setup:-900")
+	_, err := Open(Config{Library: buildFake(t), Protocol: "tcp", MasterServerAddr: "x:1"})
+	var ce *CodeError
+	if !errors.As(err, &ce) || ce.Op != "setup" || !errors.Is(err, payload.ErrUnavailable) {
+		t.Fatalf("failed setup: %v", err)
+	}
+}
+
+// TestRealMooncake runs against a real mooncake_master over TCP. It is
+// skipped unless MOONCAKE_MASTER (host:port) is set and libmooncake_store.so
+// is on the loader path (or MOONCAKE_LIBRARY names it); see docs/operations.md.
+func TestRealMooncake(t *testing.T) {
+	master := os.Getenv("MOONCAKE_MASTER")
+	if master == "" {
+		t.Skip("MOONCAKE_MASTER not set: no Mooncake cluster to test against")
+	}
+	s, err := Open(Config{Library: os.Getenv("MOONCAKE_LIBRARY"), Node: "test", LocalHostname: "127.0.0.1",
+		MetadataServer: "P2PHANDSHAKE", Protocol: "tcp", MasterServerAddr: master,
+		GlobalSegmentSize: 256 << 20, LocalBufferSize: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	v := value(8 << 20)
+	loc, err := s.Put(ctx, obj, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, loc)
+	if err != nil || !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+		t.Fatalf("get: %v", err)
+	}
+	got.Close()
+	if err := s.Delete(ctx, loc); err != nil {
+		t.Fatal(err)
+	}
+}
