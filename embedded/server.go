@@ -1,0 +1,199 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// ErrNotReady is returned when a server does not accept connections in time.
+var ErrNotReady = errors.New("embedded: server not ready")
+
+// Options configures one node. The zero value (plus a StoreDir) is a
+// single loopback node on a free port with SyncAlways.
+type Options struct {
+	StoreDir string // JetStream files; required
+	Name     string // server name, unique in a cluster; default "embcache-<port>"
+	Host     string // client listen host; default 127.0.0.1
+	Port     int    // client port; 0 picks a free one (kept across Restart)
+
+	// NoSync turns SyncAlways off: faster, and an acknowledged write can be
+	// lost if the machine crashes.
+	NoSync bool
+
+	// Cluster settings; ClusterPort 0 means a standalone server.
+	ClusterName string
+	ClusterHost string // default 127.0.0.1
+	ClusterPort int
+	Routes      []string // nats-route://host:port of the other nodes
+
+	// Username and Password, when set, are required of every client.
+	Username, Password string
+
+	// Configure, if set, edits the server options last (TLS, accounts,
+	// permissions): the escape hatch for what this struct does not say.
+	Configure func(*server.Options) error
+
+	// Logs sends the server's log to stderr.
+	Logs bool
+
+	ReadyTimeout time.Duration // default 10s
+}
+
+// Server is a running (or stopped) embedded node.
+type Server struct {
+	opts Options
+
+	mu  sync.Mutex
+	srv *server.Server // nil while stopped; guarded by mu
+}
+
+// Start starts a node and waits until it accepts connections.
+func Start(opts Options) (*Server, error) {
+	if opts.StoreDir == "" {
+		return nil, errors.New("embedded: StoreDir is required")
+	}
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.ClusterHost == "" {
+		opts.ClusterHost = "127.0.0.1"
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 10 * time.Second
+	}
+	if opts.Port == 0 {
+		p, err := FreePort(opts.Host)
+		if err != nil {
+			return nil, err
+		}
+		opts.Port = p
+	}
+	if opts.Name == "" {
+		opts.Name = "embcache-" + strconv.Itoa(opts.Port)
+	}
+	s := &Server{opts: opts}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) serverOptions() (*server.Options, error) {
+	o := &server.Options{
+		ServerName:         s.opts.Name,
+		Host:               s.opts.Host,
+		Port:               s.opts.Port,
+		JetStream:          true,
+		StoreDir:           s.opts.StoreDir,
+		SyncAlways:         !s.opts.NoSync,
+		NoSigs:             true,
+		NoLog:              !s.opts.Logs,
+		Username:           s.opts.Username,
+		Password:           s.opts.Password,
+		MaxPayload:         8 << 20,
+		JetStreamMaxMemory: 256 << 20,
+	}
+	if s.opts.ClusterPort != 0 {
+		o.Cluster = server.ClusterOpts{Name: s.opts.ClusterName, Host: s.opts.ClusterHost, Port: s.opts.ClusterPort}
+		for _, r := range s.opts.Routes {
+			o.Routes = append(o.Routes, server.RoutesFromStr(r)...)
+		}
+	}
+	if s.opts.Configure != nil {
+		if err := s.opts.Configure(o); err != nil {
+			return nil, fmt.Errorf("embedded: configure: %w", err)
+		}
+	}
+	return o, nil
+}
+
+func (s *Server) start() error {
+	o, err := s.serverOptions()
+	if err != nil {
+		return err
+	}
+	srv, err := server.NewServer(o)
+	if err != nil {
+		return fmt.Errorf("embedded: %w", err)
+	}
+	if s.opts.Logs {
+		srv.ConfigureLogger()
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(s.opts.ReadyTimeout) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return fmt.Errorf("%w: %s after %v", ErrNotReady, s.ClientURL(), s.opts.ReadyTimeout)
+	}
+	s.mu.Lock()
+	s.srv = srv
+	s.mu.Unlock()
+	return nil
+}
+
+// ClientURL is the URL clients connect to.
+func (s *Server) ClientURL() string {
+	return "nats://" + net.JoinHostPort(s.opts.Host, strconv.Itoa(s.opts.Port))
+}
+
+// Name returns the server name.
+func (s *Server) Name() string { return s.opts.Name }
+
+// NATS returns the running server, or nil while stopped.
+func (s *Server) NATS() *server.Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.srv
+}
+
+// Running reports whether the node is up.
+func (s *Server) Running() bool { return s.NATS() != nil }
+
+// Connect returns a client connection to this node. Options are appended
+// to the defaults (a name, reconnects forever with a short wait, and the
+// node's credentials).
+func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	base := []nats.Option{nats.Name("embcache-embedded-client"), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
+	if s.opts.Username != "" {
+		base = append(base, nats.UserInfo(s.opts.Username, s.opts.Password))
+	}
+	return nats.Connect(s.ClientURL(), append(base, opts...)...)
+}
+
+// Shutdown stops the node and waits until it is down. The store stays on
+// disk for Restart. It is safe to call on a stopped node.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
+// Restart starts a stopped node again with the same options, ports and store.
+func (s *Server) Restart() error {
+	if s.Running() {
+		return errors.New("embedded: restart of a running server")
+	}
+	return s.start()
+}
+
+// FreePort returns a TCP port on host that was free a moment ago.
+func FreePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("embedded: finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
