@@ -1,0 +1,444 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ComputeFunc computes a value on a miss (runs the encoder).
+type ComputeFunc func(ctx context.Context) (*payload.Value, error)
+
+// Path says where GetOrCompute found a value.
+type Path uint8
+
+// Paths.
+const (
+	PathLocalHit  Path = iota + 1 // this process's cache
+	PathCoalesced                 // an in-process compute or pull another request started
+	PathRemoteHit                 // pulled a value another process had committed
+	PathWaited                    // waited for another process to compute, then pulled
+	PathComputed                  // reserved the key and computed it
+	PathDegraded                  // computed locally, store unreachable: not shared
+)
+
+// String returns the path's name as spans and metrics label it.
+func (p Path) String() string {
+	switch p {
+	case PathLocalHit:
+		return "local-hit"
+	case PathCoalesced:
+		return "coalesced"
+	case PathRemoteHit:
+		return "remote-hit"
+	case PathWaited:
+		return "waited"
+	case PathComputed:
+		return "computed"
+	case PathDegraded:
+		return "degraded"
+	}
+	return "Path(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Cache is the cluster-wide get-or-compute facade. Safe for concurrent use.
+type Cache struct {
+	s      settings
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	local  *localcache.Cache[payload.ObjectID, *payload.Value]
+	router *router
+	owner  string
+	stats  counters
+
+	mu     sync.Mutex
+	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
+	hub    *watchHub           // guarded by mu
+	leases map[*Lease]struct{} // live leases; guarded by mu
+	closed bool                // guarded by mu
+
+	done chan struct{} // closed by Close
+	bg   sync.WaitGroup
+}
+
+// New returns a Cache over the NATS connection nc (which the caller keeps
+// and closes), creating the bucket if it is absent. If the bucket cannot
+// be reached, ModeStrict fails with ErrStoreUnavailable naming the
+// server; ModeDegrade starts anyway and keeps trying in the background.
+func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
+	}
+	s := defaults()
+	for _, opt := range opts {
+		if err := opt(&s); err != nil {
+			return nil, err
+		}
+	}
+	if s.pollInterval == 0 {
+		s.pollInterval = s.leaseTTL / 5
+	}
+	if s.putter == nil {
+		mem := payload.NewMemoryStore(s.node, 0)
+		s.putKind, s.putter = payload.TransportMemory, mem
+		s.getters[payload.TransportMemory] = mem
+	}
+	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
+		localcache.WithComputeTimeout(s.computeTimeout),
+		localcache.WithOnEvict(func(_ payload.ObjectID, v *payload.Value, _ localcache.Cause) { v.Close() }),
+	}, s.local...)...)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var nonce [4]byte
+	rand.Read(nonce[:])
+	c := &Cache{
+		s: s, nc: nc, js: js, local: local,
+		router: &router{node: s.node, putKind: s.putKind, putter: s.putter, getters: s.getters, shm: s.shm},
+		owner:  s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:]),
+		leases: make(map[*Lease]struct{}),
+		done:   make(chan struct{}),
+	}
+	if err := c.connectStore(ctx); err != nil {
+		if s.mode == ModeStrict {
+			return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(nc), err)
+		}
+		s.logger.Warn("embcache: store unreachable, computing locally until it is back",
+			"servers", serverNames(nc), "err", err)
+		c.bg.Go(c.reconnectLoop)
+	}
+	return c, nil
+}
+
+// Connect dials NATS for a Cache. In ModeDegrade it returns a connection
+// even when no server answers yet (it keeps retrying); in ModeStrict an
+// unreachable server is ErrStoreUnavailable naming url.
+func Connect(url string, mode Mode, opts ...nats.Option) (*nats.Conn, error) {
+	base := []nats.Option{nats.Name("embcache"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if mode == ModeDegrade {
+		base = append(base, nats.RetryOnFailedConnect(true))
+	}
+	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, url, err)
+	}
+	return nc, nil
+}
+
+func serverNames(nc *nats.Conn) string {
+	if u := nc.ConnectedUrlRedacted(); u != "" {
+		return u
+	}
+	return strings.Join(nc.Servers(), ",")
+}
+
+// connectStore binds (or creates) the bucket and starts the watcher.
+func (c *Cache) connectStore(ctx context.Context) error {
+	octx, cancel := c.opContext(ctx)
+	defer cancel()
+	ls, err := ensureBucket(octx, c.nc, c.js, c.s.bucket, c.s.replicas, c.s.markerTTL)
+	if err != nil {
+		return err
+	}
+	hub, err := startWatchHub(octx, ls.kv)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		hub.close()
+		return ErrClosed
+	}
+	c.ls, c.hub = ls, hub
+	return nil
+}
+
+func (c *Cache) reconnectLoop() {
+	t := time.NewTicker(c.s.retryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		if err := c.connectStore(context.Background()); err == nil {
+			c.s.logger.Info("embcache: store reachable again, sharing resumes", "servers", serverNames(c.nc))
+			return
+		}
+	}
+}
+
+func (c *Cache) handles() (*leaseStore, *watchHub) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ls, c.hub
+}
+
+// opContext bounds one store operation by the op timeout.
+func (c *Cache) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.s.opTimeout)
+}
+
+// GetOrCompute returns the value of ref, pinned for req until Release(req).
+// See GetOrComputePath.
+func (c *Cache) GetOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, error) {
+	v, _, err := c.GetOrComputePath(ctx, req, ref, fn)
+	return v, err
+}
+
+// GetOrComputePath returns the value of ref and the path that produced it:
+// the local cache; an in-process flight; a committed value pulled through
+// the payload plane (checksum verified); a wait for the process computing
+// it; or a reservation and a compute by fn, run once in the whole cluster
+// while holders live. The value is pinned for req until Release(req), and
+// must not be written to.
+//
+// A caller whose ctx ends returns ctx.Err() while the work goes on for
+// others; past the compute timeout, waiters get localcache.ErrComputeTimeout.
+// fn's error reaches every waiter and the key is released for a retry.
+func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+	if err := ref.validate(); err != nil {
+		return nil, 0, err
+	}
+	obj := ref.Object()
+	v, ok, err := c.local.Get(req, obj)
+	if err != nil {
+		return nil, 0, err
+	}
+	if ok {
+		c.stats.localHits.Add(1)
+		return v, PathLocalHit, nil
+	}
+	var path atomic.Uint32
+	path.Store(uint32(PathCoalesced))
+	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+		v, p, err := c.resolve(cctx, ref, fn)
+		path.Store(uint32(p))
+		return v, err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return v, Path(path.Load()), nil
+}
+
+// resolve finds ref's value in the cluster or computes it; it runs once
+// per process per key (inside the local cache's flight).
+func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+	ls, hub := c.handles()
+	if ls == nil {
+		return c.degraded(ctx, fn, ErrStoreUnavailable)
+	}
+	key := ref.KVKey()
+	waited := false
+	for attempt := 0; ; attempt++ {
+		wake, unsubscribe := hub.subscribe(key) // before the read: no change slips between
+		octx, cancel := c.opContext(ctx)
+		cur, err := ls.read(octx, key)
+		cancel()
+		if err != nil {
+			unsubscribe()
+			if errors.Is(err, ErrBadRecord) {
+				c.stats.badRecords.Add(1)
+				c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
+			}
+			return c.degraded(ctx, fn, err)
+		}
+		switch {
+		case !cur.live:
+			unsubscribe()
+			lease, err := c.reserve(ctx, ls, ref)
+			if errors.Is(err, ErrHeld) {
+				continue // someone got there first: read what they wrote
+			}
+			if err != nil {
+				return c.degraded(ctx, fn, err)
+			}
+			if attempt > 0 {
+				c.stats.takeovers.Add(1)
+			}
+			return c.computeUnder(ctx, lease, fn)
+
+		case cur.record.State == StateCommitted:
+			unsubscribe()
+			v, err := c.router.get(ctx, *cur.record.Location)
+			if err == nil {
+				c.stats.remoteHits.Add(1)
+				if waited {
+					return v, PathWaited, nil
+				}
+				return v, PathRemoteHit, nil
+			}
+			c.stats.payloadErrors.Add(1)
+			c.s.logger.Warn("embcache: committed payload unreadable, recomputing", "key", key,
+				"location", cur.record.Location.Object, "node", cur.record.Location.Node, "err", err)
+			if attempt >= 3 {
+				return c.degraded(ctx, fn, err)
+			}
+			// Drop the record (if nobody changed it) so the key can be recomputed.
+			octx, cancel := c.opContext(ctx)
+			err = ls.purge(octx, key, cur.rev)
+			cancel()
+			if err != nil && !errors.Is(err, ErrLeaseLost) {
+				return c.degraded(ctx, fn, err)
+			}
+
+		default: // computing elsewhere: wait for a change, or poll
+			if !waited {
+				waited = true
+				c.stats.waits.Add(1)
+			}
+			t := time.NewTimer(c.s.pollInterval)
+			select {
+			case <-wake:
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				unsubscribe()
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					return nil, PathWaited, fmt.Errorf("%w: waiting for %s (owner %s): %w",
+						localcache.ErrComputeTimeout, key, cur.record.Owner, ctx.Err())
+				}
+				return nil, PathWaited, ctx.Err()
+			}
+			t.Stop()
+			unsubscribe()
+		}
+	}
+}
+
+// computeUnder runs fn under lease and commits what it returns. A failed
+// fn abandons the key; a failed commit still returns the (correct) value.
+func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) (v *payload.Value, _ Path, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			lease.Abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", r))
+			panic(r) // the local cache turns it into an error for every waiter
+		}
+	}()
+	v, err = fn(ctx)
+	if err != nil {
+		c.stats.computeErrors.Add(1)
+		if aerr := lease.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
+			c.s.logger.Warn("embcache: abandon failed; the lease will expire", "key", lease.key, "err", aerr)
+		}
+		return nil, PathComputed, err
+	}
+	c.stats.computes.Add(1)
+	if _, err := lease.Commit(context.WithoutCancel(ctx), v); err != nil {
+		c.s.logger.Warn("embcache: value computed but not committed", "key", lease.key, "err", err)
+		if !errors.Is(err, ErrLeaseLost) {
+			lease.Abandon(context.WithoutCancel(ctx), err)
+		}
+	}
+	return v, PathComputed, nil
+}
+
+// degraded computes without the store: counted in ModeDegrade, an error
+// in ModeStrict.
+func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*payload.Value, Path, error) {
+	if c.s.mode == ModeStrict {
+		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
+	}
+	c.stats.degraded.Add(1)
+	v, err := fn(ctx)
+	if err != nil {
+		c.stats.computeErrors.Add(1)
+		return nil, PathDegraded, err
+	}
+	c.stats.computes.Add(1)
+	return v, PathDegraded, nil
+}
+
+// Reserve takes ref's lease for this process: the caller computes, then
+// Commits or Abandons. ErrHeld means another process holds or has
+// committed the key; ErrStoreUnavailable that the store cannot be reached.
+func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Lease, error) {
+	if err := ref.validate(); err != nil {
+		return nil, err
+	}
+	ls, _ := c.handles()
+	if ls == nil {
+		return nil, ErrStoreUnavailable
+	}
+	return c.reserve(ctx, ls, ref)
+}
+
+func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, error) {
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	now := time.Now()
+	rec := Record{V: RecordVersion, State: StateComputing, Owner: c.owner, Nonce: hex.EncodeToString(nonce[:]),
+		Started: now, Heartbeat: now, Model: ref.Model, Epoch: ref.Epoch}
+	key := ref.KVKey()
+	octx, cancel := c.opContext(ctx)
+	rev, err := ls.create(octx, key, rec, c.s.leaseTTL)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		ls.purge(context.Background(), key, rev)
+		return nil, ErrClosed
+	}
+	l := newLease(c, ls, ref, key, rev, rec)
+	c.leases[l] = struct{}{}
+	return l, nil
+}
+
+func (c *Cache) forget(l *Lease) {
+	c.mu.Lock()
+	delete(c.leases, l)
+	c.mu.Unlock()
+}
+
+// Release drops every pin req holds (the RFC's cleanup_request) and
+// returns how many.
+func (c *Cache) Release(req string) int { return c.local.Release(req) }
+
+// Close stops the watcher, the background reconnects and the heartbeats of
+// leases still held (they expire on the server). The connection stays open.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	hub := c.hub
+	leases := make([]*Lease, 0, len(c.leases))
+	for l := range c.leases {
+		leases = append(leases, l)
+	}
+	c.mu.Unlock()
+	c.bg.Wait()
+	for _, l := range leases {
+		l.stopHeartbeats()
+	}
+	if hub != nil {
+		hub.close()
+	}
+	return nil
+}

@@ -1,0 +1,26 @@
+package coordinator
+
+import "errors"
+
+var (
+	// ErrHeld is returned by Reserve when another process holds the key's
+	// lease or has committed it.
+	ErrHeld = errors.New("coordinator: key held by another process")
+	// ErrLeaseLost is returned by Commit and heartbeats when the lease's
+	// revision is no longer the key's: it expired, or another process took
+	// the key over. The fencing refused the write.
+	ErrLeaseLost = errors.New("coordinator: lease lost")
+	// ErrStoreUnavailable is returned when NATS or the bucket cannot be
+	// reached: by New in ModeStrict, and by calls in ModeStrict.
+	ErrStoreUnavailable = errors.New("coordinator: store unavailable")
+	// ErrBadRecord is returned for a lease record that does not decode or
+	// breaks the protocol's rules.
+	ErrBadRecord = errors.New("coordinator: bad lease record")
+	// ErrNoTransport is returned when no configured transport can fetch a
+	// Location.
+	ErrNoTransport = errors.New("coordinator: no transport for location")
+	// ErrInvalidOption is returned by New for an option out of range.
+	ErrInvalidOption = errors.New("coordinator: invalid option")
+	// ErrClosed is returned by calls on a closed Cache.
+	ErrClosed = errors.New("coordinator: cache closed")
+)

@@ -1,0 +1,215 @@
+package coordinator
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/shm"
+)
+
+// Mode says what the Cache does when the store cannot be reached.
+type Mode uint8
+
+const (
+	// ModeDegrade computes locally, counts it, and resumes sharing when the
+	// store is back. The default.
+	ModeDegrade Mode = iota
+	// ModeStrict fails: New returns an error naming the server, and calls
+	// return ErrStoreUnavailable.
+	ModeStrict
+)
+
+// String returns "degrade" or "strict".
+func (m Mode) String() string {
+	if m == ModeStrict {
+		return "strict"
+	}
+	return "degrade"
+}
+
+// Option configures a Cache.
+type Option func(*settings) error
+
+type settings struct {
+	bucket         string
+	replicas       int
+	leaseTTL       time.Duration
+	storeTTL       time.Duration
+	markerTTL      time.Duration
+	opTimeout      time.Duration
+	pollInterval   time.Duration
+	computeTimeout time.Duration
+	retryInterval  time.Duration
+	mode           Mode
+	node           string
+	putKind        string
+	putter         payload.Transport
+	getters        map[string]payload.Transport
+	shm            *shm.Store
+	local          []localcache.Option
+	logger         *slog.Logger
+}
+
+func defaults() settings {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "node"
+	}
+	return settings{
+		bucket:         DefaultBucket,
+		replicas:       1,
+		leaseTTL:       5 * time.Second,
+		storeTTL:       time.Hour,
+		markerTTL:      time.Minute,
+		opTimeout:      2 * time.Second,
+		computeTimeout: localcache.DefaultComputeTimeout,
+		retryInterval:  time.Second,
+		node:           host,
+		getters:        map[string]payload.Transport{},
+		logger:         slog.Default(),
+	}
+}
+
+func positive(name string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%w: %s must be > 0, got %v", ErrInvalidOption, name, d)
+	}
+	return nil
+}
+
+// WithBucket names the KV bucket (default EMBCACHE_LEASES).
+func WithBucket(name string) Option {
+	return func(s *settings) error {
+		if name == "" {
+			return fmt.Errorf("%w: empty bucket name", ErrInvalidOption)
+		}
+		s.bucket = name
+		return nil
+	}
+}
+
+// WithReplicas sets the bucket's replicas when New creates it (1 on one
+// node, 3 in a cluster).
+func WithReplicas(n int) Option {
+	return func(s *settings) error {
+		if n < 1 || n > 5 {
+			return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidOption, n)
+		}
+		s.replicas = n
+		return nil
+	}
+}
+
+// WithLeaseTTL sets how long a lease lives without a heartbeat (default
+// 5s): the time a crashed holder blocks its key. Heartbeats go every third.
+func WithLeaseTTL(d time.Duration) Option {
+	return func(s *settings) error {
+		if d < 300*time.Millisecond {
+			return fmt.Errorf("%w: lease TTL must be >= 300ms, got %v", ErrInvalidOption, d)
+		}
+		s.leaseTTL = d
+		return nil
+	}
+}
+
+// WithStoreTTL sets how long a committed record (and so its payload) lives
+// (default 1h).
+func WithStoreTTL(d time.Duration) Option {
+	return func(s *settings) error {
+		if d < time.Second {
+			return fmt.Errorf("%w: store TTL must be >= 1s, got %v", ErrInvalidOption, d)
+		}
+		s.storeTTL = d
+		return nil
+	}
+}
+
+// WithOpTimeout bounds each KV operation when the caller's context has a
+// later deadline (default 2s).
+func WithOpTimeout(d time.Duration) Option {
+	return func(s *settings) error { s.opTimeout = d; return positive("op timeout", d) }
+}
+
+// WithPollInterval sets how often a waiter re-reads a key besides watching
+// it (default: a fifth of the lease TTL).
+func WithPollInterval(d time.Duration) Option {
+	return func(s *settings) error { s.pollInterval = d; return positive("poll interval", d) }
+}
+
+// WithComputeTimeout bounds a compute and the wait for one (default 30s);
+// waiters past it get localcache.ErrComputeTimeout.
+func WithComputeTimeout(d time.Duration) Option {
+	return func(s *settings) error { s.computeTimeout = d; return positive("compute timeout", d) }
+}
+
+// WithMode sets what happens when the store cannot be reached.
+func WithMode(m Mode) Option {
+	return func(s *settings) error {
+		if m != ModeDegrade && m != ModeStrict {
+			return fmt.Errorf("%w: mode %d", ErrInvalidOption, m)
+		}
+		s.mode = m
+		return nil
+	}
+}
+
+// WithNode names this node in owners and Locations (default: the hostname).
+func WithNode(node string) Option {
+	return func(s *settings) error {
+		if node == "" {
+			return fmt.Errorf("%w: empty node name", ErrInvalidOption)
+		}
+		s.node = node
+		return nil
+	}
+}
+
+// WithTransport sets the transport this node writes values with; reads of
+// Locations of the same kind ("shm", "http", "mooncake", "memory") use it too.
+func WithTransport(kind string, t payload.Transport) Option {
+	return func(s *settings) error {
+		if t == nil || kind == "" {
+			return fmt.Errorf("%w: transport needs a kind and a value", ErrInvalidOption)
+		}
+		s.putKind, s.putter = kind, t
+		s.getters[kind] = t
+		return nil
+	}
+}
+
+// WithGetter adds a transport for reading Locations of another kind.
+func WithGetter(kind string, t payload.Transport) Option {
+	return func(s *settings) error {
+		if t == nil || kind == "" {
+			return fmt.Errorf("%w: getter needs a kind and a value", ErrInvalidOption)
+		}
+		s.getters[kind] = t
+		return nil
+	}
+}
+
+// WithShm lets values written on this node be read straight from the shm
+// store, whatever transport their Location names.
+func WithShm(store *shm.Store) Option {
+	return func(s *settings) error { s.shm = store; return nil }
+}
+
+// WithLocalCache passes options to the in-process cache (budget, TTL, clock).
+func WithLocalCache(opts ...localcache.Option) Option {
+	return func(s *settings) error { s.local = append(s.local, opts...); return nil }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *settings) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		s.logger = l
+		return nil
+	}
+}

@@ -1,0 +1,133 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/embcache/embcache/payload"
+)
+
+// RecordVersion is the version of the lease record this package writes.
+const RecordVersion = 1
+
+// State is a lease record's state.
+type State uint8
+
+// Record states.
+const (
+	StateComputing State = iota + 1
+	StateCommitted
+)
+
+// String returns "computing" or "committed".
+func (s State) String() string {
+	switch s {
+	case StateComputing:
+		return "computing"
+	case StateCommitted:
+		return "committed"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s State) MarshalText() ([]byte, error) {
+	if s != StateComputing && s != StateCommitted {
+		return nil, fmt.Errorf("%w: state %d", ErrBadRecord, uint8(s))
+	}
+	return []byte(s.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *State) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "computing":
+		*s = StateComputing
+	case "committed":
+		*s = StateCommitted
+	default:
+		return fmt.Errorf("%w: unknown state %q", ErrBadRecord, b)
+	}
+	return nil
+}
+
+// Record is the JSON value of a key's lease, readable with `nats kv get`.
+type Record struct {
+	V         int       `json:"v"`
+	State     State     `json:"state"`
+	Owner     string    `json:"owner"` // <node>/<pid>/<nonce> of the process that reserved it
+	Nonce     string    `json:"nonce"`
+	Started   time.Time `json:"started"`
+	Heartbeat time.Time `json:"heartbeat"`
+	Model     string    `json:"model,omitempty"`
+	Epoch     uint64    `json:"epoch,omitempty"`
+
+	// Set once committed.
+	Location *payload.Location `json:"location,omitempty"`
+	Size     int64             `json:"size,omitempty"`
+	Checksum string            `json:"checksum,omitempty"`
+	Kind     string            `json:"kind,omitempty"`
+	DType    string            `json:"dtype,omitempty"`
+	Shape    []int64           `json:"shape,omitempty"`
+	Expires  time.Time         `json:"expires,omitzero"`
+}
+
+// DecodeRecord parses and checks a record. Anything that is not a record
+// this version understands is ErrBadRecord: wrong JSON, an unknown version
+// or state, a committed record without a valid location.
+func DecodeRecord(b []byte) (Record, error) {
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Record{}, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	if r.V != RecordVersion {
+		return Record{}, fmt.Errorf("%w: version %d, this reader knows %d", ErrBadRecord, r.V, RecordVersion)
+	}
+	if r.Owner == "" {
+		return Record{}, fmt.Errorf("%w: no owner", ErrBadRecord)
+	}
+	switch r.State {
+	case StateComputing:
+		if r.Location != nil {
+			return Record{}, fmt.Errorf("%w: a computing record with a location", ErrBadRecord)
+		}
+	case StateCommitted:
+		if r.Location == nil {
+			return Record{}, fmt.Errorf("%w: a committed record without a location", ErrBadRecord)
+		}
+		if err := r.Location.Validate(); err != nil {
+			return Record{}, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		}
+		if r.Size != r.Location.Size || r.Checksum != r.Location.Checksum.String() {
+			return Record{}, fmt.Errorf("%w: size or checksum disagree with the location", ErrBadRecord)
+		}
+	default:
+		return Record{}, fmt.Errorf("%w: no state", ErrBadRecord)
+	}
+	return r, nil
+}
+
+func (r Record) encode() []byte {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic("coordinator: a record always marshals: " + err.Error())
+	}
+	return b
+}
+
+// committed returns r turned into the committed record of a value at loc.
+func (r Record) committed(loc payload.Location, v *payload.Value, now time.Time, ttl time.Duration) Record {
+	r.State = StateCommitted
+	r.Heartbeat = now
+	r.Location = &loc
+	r.Size = loc.Size
+	r.Checksum = loc.Checksum.String()
+	r.Kind = v.Kind.String()
+	if v.Kind != payload.KindTokens {
+		r.DType = v.Tensor.DType.String()
+		r.Shape = v.Tensor.Shape
+	}
+	r.Expires = now.Add(ttl)
+	return r
+}

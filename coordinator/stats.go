@@ -1,0 +1,44 @@
+package coordinator
+
+import (
+	"sync/atomic"
+
+	"github.com/embcache/embcache/localcache"
+)
+
+type counters struct {
+	localHits, remoteHits, computes, computeErrors, waits, takeovers atomic.Uint64
+	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
+}
+
+// Stats counts what a Cache did.
+type Stats struct {
+	LocalHits      uint64 // answered from this process's cache
+	RemoteHits     uint64 // pulled a value committed elsewhere
+	Computes       uint64 // fn ran and succeeded here
+	ComputeErrors  uint64 // fn failed here
+	Waits          uint64 // waited for another process's compute
+	Takeovers      uint64 // reserved a key after someone else had held it
+	Degraded       uint64 // computed without the store
+	LeasesLost     uint64 // leases lost while computing
+	CommitsRefused uint64 // commits the fencing refused
+	BadRecords     uint64 // lease records that did not decode
+	PayloadErrors  uint64 // committed payloads that could not be read or verified
+	StoreReachable bool
+	Local          localcache.Stats
+}
+
+// Stats returns a snapshot.
+func (c *Cache) Stats() Stats {
+	ls, _ := c.handles()
+	return Stats{
+		LocalHits: c.stats.localHits.Load(), RemoteHits: c.stats.remoteHits.Load(),
+		Computes: c.stats.computes.Load(), ComputeErrors: c.stats.computeErrors.Load(),
+		Waits: c.stats.waits.Load(), Takeovers: c.stats.takeovers.Load(),
+		Degraded: c.stats.degraded.Load(), LeasesLost: c.stats.leasesLost.Load(),
+		CommitsRefused: c.stats.commitsRefused.Load(), BadRecords: c.stats.badRecords.Load(),
+		PayloadErrors:  c.stats.payloadErrors.Load(),
+		StoreReachable: ls != nil,
+		Local:          c.local.Stats(),
+	}
+}
