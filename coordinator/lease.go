@@ -149,6 +149,9 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	}
 	l.rev, l.rec = rev, rec
 	l.endLocked()
+	if l.c.s.onCommit != nil {
+		l.c.s.onCommit(l.ref, rev)
+	}
 	return loc, nil
 }
 

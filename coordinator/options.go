@@ -52,6 +52,7 @@ type settings struct {
 	shm            *shm.Store
 	local          []localcache.Option
 	logger         *slog.Logger
+	onCommit       func(Ref, uint64) // test hook: a commit landed at this revision
 }
 
 func defaults() settings {

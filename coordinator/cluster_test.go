@@ -1,0 +1,123 @@
+package coordinator
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestR3LeaderLossDuringBurst stops the bucket's stream leader while three
+// caches (one per node) reserve and commit a burst of keys: no key is
+// committed twice, every caller gets the right value or a clear error, and
+// sharing resumes after the election.
+func TestR3LeaderLossDuringBurst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Shutdown()
+
+	var commitsMu sync.Mutex
+	commits := map[Ref]int{}
+	onCommit := func(s *settings) error {
+		s.onCommit = func(r Ref, _ uint64) {
+			commitsMu.Lock()
+			commits[r]++
+			commitsMu.Unlock()
+		}
+		return nil
+	}
+	store := payload.NewMemoryStore("test-node", 0)
+	caches := make([]*Cache, 3)
+	for i, n := range cl.Nodes {
+		// Each cache prefers its own node and fails over to the others.
+		urls := n.ClientURL() + "," + strings.ReplaceAll(cl.ClientURLs(), n.ClientURL(), "")
+		nc, err := nats.Connect(strings.Trim(strings.ReplaceAll(urls, ",,", ","), ","),
+			nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.DontRandomize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		c, err := New(ctx, nc, WithReplicas(3), WithTransport(payload.TransportMemory, store),
+			WithLeaseTTL(2*time.Second), WithOpTimeout(time.Second), WithNode("test-node"), onCommit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		caches[i] = c
+	}
+	nc, _ := cl.Connect()
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	leader, err := cl.StreamLeader(ctx, js, "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var cnt counter
+	var served atomic.Int32
+	stopLeader := make(chan struct{})
+	const keys = 60
+	var wg sync.WaitGroup
+	var failures atomic.Int32
+	for ci, c := range caches {
+		for g := range 4 {
+			wg.Go(func() {
+				for k := range keys {
+					if served.Add(1) == 60 {
+						close(stopLeader) // a third of the way in
+					}
+					req := reqID(ci, g, k)
+					v, err := c.GetOrCompute(ctx, req, ref(k), cnt.fn(k))
+					if err != nil {
+						failures.Add(1)
+						t.Logf("caller %s: %v", req, err) // allowed: a clear error
+						continue
+					}
+					sameValue(t, v, k)
+					c.Release(req)
+				}
+			})
+		}
+	}
+	<-stopLeader
+	leader.Shutdown()
+	wg.Wait()
+	for r, n := range commits {
+		if n > 1 {
+			t.Errorf("%v committed %d times", r, n)
+		}
+	}
+	t.Logf("leader %s stopped; %d commits, %d caller errors", leader.Name(), len(commits), failures.Load())
+
+	if err := leader.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitJetStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Sharing resumes: a fresh key is computed once and pulled by the others.
+	for attempt := 0; ; attempt++ {
+		_, path, err := caches[0].GetOrComputePath(ctx, "after", ref(200+attempt), cnt.fn(200+attempt))
+		if err == nil && path == PathComputed {
+			_, path2, err := caches[1].GetOrComputePath(ctx, "after", ref(200+attempt), cnt.fn(200+attempt))
+			if err != nil || path2 != PathRemoteHit {
+				t.Fatalf("after the election: %v %v", path2, err)
+			}
+			break
+		}
+		if attempt > 20 {
+			t.Fatalf("sharing did not resume: %v %v", path, err)
+		}
+	}
+}
