@@ -27,11 +27,11 @@ const (
 
 // result is what a worker prints per key, one JSON object a line.
 type result struct {
-	Key     int     `json:"key"`
-	Sum     string  `json:"sum"` // BLAKE3 of the value's data
-	Path    string  `json:"path"`
-	Err     string  `json:"err,omitempty"`
-	Seconds float64 `json:"seconds"`
+	Key     int                `json:"key"`
+	Sum     string             `json:"sum"` // BLAKE3 of the value's data
+	Path    string             `json:"path"`
+	Err     string             `json:"err,omitempty"`
+	Seconds float64            `json:"seconds"`
 	Stats   *coordinator.Stats `json:"stats,omitempty"`
 }
 

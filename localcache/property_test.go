@@ -16,7 +16,7 @@ func TestProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const maxBytes, maxEntries = 1000, 8
 		clock := newFakeClock()
-		pinsOf := map[uint64]int{}      // value id -> pins the model holds
+		pinsOf := map[uint64]int{}       // value id -> pins the model holds
 		reqPins := map[string][]uint64{} // request -> value ids it pinned
 		evictedPinned := ""
 		var c *Cache[string, blob]

@@ -107,11 +107,17 @@ func TestErrorCodesMap(t *testing.T) {
 		{"get_into:-900", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -900},
 		{"get_into:-901", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -901},
 		{"get_into:-707", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -707},
-		{"put:-900", func() error { _, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10)); return err }, payload.ErrUnavailable, -900},
+		{"put:-900", func() error {
+			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10))
+			return err
+		}, payload.ErrUnavailable, -900},
 		{"is_exist:-901", func() error { _, err := s.Put(ctx, obj, value(1000)); return err }, payload.ErrUnavailable, -901},
 		{"remove:-706", func() error { return s.Delete(ctx, loc) }, ErrBusy, -706},
 		{"remove:-901", func() error { return s.Delete(ctx, loc) }, payload.ErrUnavailable, -901},
-		{"register:-1", func() error { _, err := s.Get(ctx, payload.Location{Transport: "mooncake", Object: obj.String(), Size: 1 << 22}); return err }, nil, -1},
+		{"register:-1", func() error {
+			_, err := s.Get(ctx, payload.Location{Transport: "mooncake", Object: obj.String(), Size: 1 << 22})
+			return err
+		}, nil, -1},
 	} {
 		t.Run(tc.fail, func(t *testing.T) {
 			t.Setenv("FAKE_MOONCAKE_FAIL", tc.fail)
