@@ -157,7 +157,7 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	hub, err := startWatchHub(octx, ls.kv)
+	hub, err := startWatchHub(c.nc, ls.kv)
 	if err != nil {
 		return err
 	}
@@ -250,11 +250,11 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	}
 	key := ref.KVKey()
 	waited := false
+	var seen *current // a change the watcher delivered: no need to read again
 	for attempt := 0; ; attempt++ {
 		wake, unsubscribe := hub.subscribe(key) // before the read: no change slips between
-		octx, cancel := c.opContext(ctx)
-		cur, err := ls.read(octx, key)
-		cancel()
+		cur, err := c.readOrSeen(ctx, ls, key, seen)
+		seen = nil
 		if err != nil {
 			unsubscribe()
 			if errors.Is(err, ErrBadRecord) {
@@ -309,7 +309,8 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 			t := time.NewTimer(c.s.pollInterval)
 			select {
-			case <-wake:
+			case e := <-wake:
+				seen = entryState(e)
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
@@ -324,6 +325,30 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			unsubscribe()
 		}
 	}
+}
+
+// readOrSeen returns the state the watcher delivered, if it is a committed
+// record (the watcher reads from the stream leader), else reads the key.
+func (c *Cache) readOrSeen(ctx context.Context, ls *leaseStore, key string, seen *current) (current, error) {
+	if seen != nil && seen.live && seen.record.State == StateCommitted {
+		return *seen, nil
+	}
+	octx, cancel := c.opContext(ctx)
+	defer cancel()
+	return ls.read(octx, key)
+}
+
+// entryState turns a watched change into a state, or nil if it says
+// nothing usable (a delete, a marker, a record that does not decode).
+func entryState(e jetstream.KeyValueEntry) *current {
+	if e == nil || e.Operation() != jetstream.KeyValuePut {
+		return nil
+	}
+	rec, err := DecodeRecord(e.Value())
+	if err != nil {
+		return nil
+	}
+	return &current{rev: e.Revision(), live: true, record: rec}
 }
 
 // computeUnder runs fn under lease and commits what it returns. A failed

@@ -4,45 +4,71 @@ import (
 	"context"
 	"sync"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// watchHub runs one KV watcher for the whole bucket and wakes the waiters
-// of a key when it changes. Waiters also poll: a watcher can stall for
+// watchHub runs one KV watcher for the whole bucket and hands each change
+// of a key to its waiters, so a waiter can act on a committed record
+// without reading it again. Waiters also poll: a watcher can stall for
 // seconds after a leader change, and a poll bounds that.
 type watchHub struct {
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{} // by KV key; guarded by mu
+	waiters map[string]map[chan jetstream.KeyValueEntry]struct{} // by KV key; guarded by mu
+	cancel  context.CancelFunc
 	stop    func() error
+	quit    chan struct{}
 	done    chan struct{}
 }
 
-func startWatchHub(ctx context.Context, kv jetstream.KeyValue) (*watchHub, error) {
+// startWatchHub starts the watcher. Its subscription lives as long as the
+// context it is created with, so it gets one of its own, ended by close.
+func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue) (*watchHub, error) {
+	ctx, cancel := context.WithCancel(context.Background())
 	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	h := &watchHub{waiters: make(map[string]map[chan struct{}]struct{}), stop: w.Stop, done: make(chan struct{})}
+	h := &watchHub{waiters: make(map[string]map[chan jetstream.KeyValueEntry]struct{}),
+		cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
+	// Stopping a watcher deletes its consumer: a request that waits out a
+	// timeout while the server is away. Then the connection's owner
+	// releases the subscription when it closes the connection.
+	h.stop = func() error {
+		if nc.IsConnected() {
+			return w.Stop()
+		}
+		return nil
+	}
 	go func() {
 		defer close(h.done)
-		for e := range w.Updates() {
-			if e != nil {
-				h.wake(e.Key())
+		for {
+			select {
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e != nil {
+					h.wake(e)
+				}
+			case <-h.quit:
+				return
 			}
 		}
 	}()
 	return h, nil
 }
 
-// subscribe returns a channel that gets a value when key changes. Call it
+// subscribe returns a channel that gets the key's latest change. Call it
 // before reading the key, so a change between the read and the wait is
 // not missed; cancel when done.
-func (h *watchHub) subscribe(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+func (h *watchHub) subscribe(key string) (<-chan jetstream.KeyValueEntry, func()) {
+	ch := make(chan jetstream.KeyValueEntry, 1)
 	h.mu.Lock()
 	set := h.waiters[key]
 	if set == nil {
-		set = make(map[chan struct{}]struct{})
+		set = make(map[chan jetstream.KeyValueEntry]struct{})
 		h.waiters[key] = set
 	}
 	set[ch] = struct{}{}
@@ -59,18 +85,23 @@ func (h *watchHub) subscribe(key string) (<-chan struct{}, func()) {
 	}
 }
 
-func (h *watchHub) wake(key string) {
+// wake hands e to the key's waiters, replacing a change they have not
+// taken yet: only the latest matters.
+func (h *watchHub) wake(e jetstream.KeyValueEntry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.waiters[key] {
+	for ch := range h.waiters[e.Key()] {
 		select {
-		case ch <- struct{}{}:
-		default: // already signalled
+		case <-ch:
+		default:
 		}
+		ch <- e
 	}
 }
 
 func (h *watchHub) close() {
+	close(h.quit)
 	h.stop()
+	h.cancel()
 	<-h.done
 }
