@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
@@ -68,6 +69,7 @@ type Cache struct {
 	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
 	hub    *watchHub           // guarded by mu
 	leases map[*Lease]struct{} // live leases; guarded by mu
+	events *eventLink          // nil unless WithEvents and the stream is reachable; guarded by mu
 	closed bool                // guarded by mu
 
 	done chan struct{} // closed by Close
@@ -96,9 +98,15 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 		s.putKind, s.putter = payload.TransportMemory, mem
 		s.getters[payload.TransportMemory] = mem
 	}
+	c := &Cache{s: s, leases: make(map[*Lease]struct{}), done: make(chan struct{})}
 	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
-		localcache.WithOnEvict(func(_ payload.ObjectID, v *payload.Value, _ localcache.Cause) { v.Close() }),
+		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, _ localcache.Cause) {
+			v.Close()
+			if l := c.eventLink(); l != nil {
+				l.forget(k)
+			}
+		}),
 	}, s.local...)...)
 	if err != nil {
 		return nil, err
@@ -109,13 +117,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	}
 	var nonce [4]byte
 	rand.Read(nonce[:])
-	c := &Cache{
-		s: s, nc: nc, js: js, local: local,
-		router: &router{node: s.node, putKind: s.putKind, putter: s.putter, getters: s.getters, shm: s.shm},
-		owner:  s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:]),
-		leases: make(map[*Lease]struct{}),
-		done:   make(chan struct{}),
-	}
+	c.nc, c.js, c.local = nc, js, local
+	c.router = &router{node: s.node, putKind: s.putKind, putter: s.putter, getters: s.getters, shm: s.shm}
+	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
 		if s.mode == ModeStrict {
 			return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(nc), err)
@@ -162,12 +166,19 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		hub.close()
 		return ErrClosed
 	}
 	c.ls, c.hub = ls, hub
+	c.mu.Unlock()
+	if c.s.events {
+		if err := c.startEvents(context.Background()); err != nil {
+			// Sharing works without events; TTLs then are not kept in step.
+			c.s.logger.Warn("embcache: event stream unavailable", "err", err)
+		}
+	}
 	return nil
 }
 
@@ -226,6 +237,9 @@ func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn Co
 	}
 	if ok {
 		c.stats.localHits.Add(1)
+		if l := c.eventLink(); l != nil {
+			l.touched(obj)
+		}
 		return v, PathLocalHit, nil
 	}
 	var path atomic.Uint32
@@ -283,6 +297,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			v, err := c.router.get(ctx, *cur.record.Location)
 			if err == nil {
 				c.stats.remoteHits.Add(1)
+				if l := c.eventLink(); l != nil {
+					l.published(ref, *cur.record.Location, cur.record.Expires, false)
+				}
 				if waited {
 					return v, PathWaited, nil
 				}
@@ -360,20 +377,27 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 			panic(r) // the local cache turns it into an error for every waiter
 		}
 	}()
+	l := c.eventLink()
 	v, err = fn(ctx)
 	if err != nil {
 		c.stats.computeErrors.Add(1)
 		if aerr := lease.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
 			c.s.logger.Warn("embcache: abandon failed; the lease will expire", "key", lease.key, "err", aerr)
 		}
+		if l != nil {
+			l.abandoned(lease.ref, err)
+		}
 		return nil, PathComputed, err
 	}
 	c.stats.computes.Add(1)
-	if _, err := lease.Commit(context.WithoutCancel(ctx), v); err != nil {
+	loc, err := lease.Commit(context.WithoutCancel(ctx), v)
+	if err != nil {
 		c.s.logger.Warn("embcache: value computed but not committed", "key", lease.key, "err", err)
 		if !errors.Is(err, ErrLeaseLost) {
 			lease.Abandon(context.WithoutCancel(ctx), err)
 		}
+	} else if l != nil {
+		l.published(lease.ref, loc, lease.expires(), true)
 	}
 	return v, PathComputed, nil
 }
@@ -465,5 +489,40 @@ func (c *Cache) Close() error {
 	if hub != nil {
 		hub.close()
 	}
+	if l := c.eventLink(); l != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		l.close(ctx)
+		cancel()
+	}
 	return nil
+}
+
+// Invalidate declares every value of tenant computed by model at weight
+// epoch stale: this process drops its copies now, the others when the
+// invalidated event reaches them, and the reconciler removes the records
+// and payloads. It needs the event stream (WithEvents).
+func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
+	l := c.eventLink()
+	if l == nil {
+		return fmt.Errorf("%w: invalidation needs the event stream", ErrStoreUnavailable)
+	}
+	e := &events.Event{V: events.SchemaVersion, Kind: events.KindInvalidated, Tenant: tenant,
+		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: c.s.node, Time: time.Now()}
+	octx, cancel := c.opContext(ctx)
+	defer cancel()
+	if err := l.pub.PublishSync(octx, e); err != nil {
+		return err
+	}
+	l.apply(*e)
+	return nil
+}
+
+// EventStats returns the event publisher's and subscriber's counters, or
+// false without the event stream.
+func (c *Cache) EventStats() (events.PublisherStats, uint64, bool) {
+	l := c.eventLink()
+	if l == nil {
+		return events.PublisherStats{}, 0, false
+	}
+	return l.pub.Stats(), l.sub.Bad(), true
 }

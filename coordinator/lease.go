@@ -155,6 +155,12 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	return loc, nil
 }
 
+func (l *Lease) expires() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec.Expires
+}
+
 // Abandon gives the key up after a failed compute: the record is purged
 // (if the lease still holds it) so that a waiter or a later call can
 // compute it. cause is only for the caller's logs.

@@ -52,6 +52,9 @@ type settings struct {
 	shm            *shm.Store
 	local          []localcache.Option
 	logger         *slog.Logger
+	events         bool
+	touchInterval  time.Duration
+	eventReplicas  int
 	onCommit       func(Ref, uint64) // test hook: a commit landed at this revision
 }
 
@@ -202,6 +205,20 @@ func WithShm(store *shm.Store) Option {
 // WithLocalCache passes options to the in-process cache (budget, TTL, clock).
 func WithLocalCache(opts ...localcache.Option) Option {
 	return func(s *settings) error { s.local = append(s.local, opts...); return nil }
+}
+
+// WithEvents turns the event stream on: the Cache publishes published,
+// touched (at most once per key per touchInterval; 0 means a quarter of
+// the store TTL, at most a minute) and abandoned events, and follows
+// evicted, invalidated and touched events from the others.
+func WithEvents(touchInterval time.Duration) Option {
+	return func(s *settings) error {
+		if touchInterval < 0 {
+			return fmt.Errorf("%w: touch interval %v", ErrInvalidOption, touchInterval)
+		}
+		s.events, s.touchInterval = true, touchInterval
+		return nil
+	}
 }
 
 // WithLogger sets the logger (default slog.Default()).

@@ -9,6 +9,7 @@ import (
 type counters struct {
 	localHits, remoteHits, computes, computeErrors, waits, takeovers atomic.Uint64
 	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
+	touches                                                          atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -24,6 +25,7 @@ type Stats struct {
 	CommitsRefused uint64 // commits the fencing refused
 	BadRecords     uint64 // lease records that did not decode
 	PayloadErrors  uint64 // committed payloads that could not be read or verified
+	Touches        uint64 // touched events queued (coalesced hits)
 	StoreReachable bool
 	Local          localcache.Stats
 }
@@ -37,7 +39,7 @@ func (c *Cache) Stats() Stats {
 		Waits: c.stats.waits.Load(), Takeovers: c.stats.takeovers.Load(),
 		Degraded: c.stats.degraded.Load(), LeasesLost: c.stats.leasesLost.Load(),
 		CommitsRefused: c.stats.commitsRefused.Load(), BadRecords: c.stats.badRecords.Load(),
-		PayloadErrors:  c.stats.payloadErrors.Load(),
+		PayloadErrors: c.stats.payloadErrors.Load(), Touches: c.stats.touches.Load(),
 		StoreReachable: ls != nil,
 		Local:          c.local.Stats(),
 	}

@@ -1,0 +1,158 @@
+package coordinator
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+)
+
+// eventLink connects a Cache to the event stream: it publishes what this
+// process does and applies what the others say.
+type eventLink struct {
+	c        *Cache
+	pub      *events.Publisher
+	sub      *events.Subscription
+	interval time.Duration
+
+	mu   sync.Mutex
+	meta map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
+}
+
+// valueMeta is what a touched event needs about a local value.
+type valueMeta struct {
+	loc       payload.Location
+	model     string
+	epoch     uint64
+	lastTouch time.Time
+}
+
+func (c *Cache) startEvents(ctx context.Context) error {
+	if _, err := events.EnsureStream(ctx, c.js, c.s.replicas); err != nil {
+		return err
+	}
+	interval := c.s.touchInterval
+	if interval == 0 {
+		interval = min(c.s.storeTTL/4, time.Minute)
+	}
+	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
+		meta: make(map[payload.ObjectID]*valueMeta)}
+	sub, err := events.Subscribe(ctx, c.js, events.SubscribeOptions{
+		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated, events.KindTouched},
+		New:    true,
+		Logger: c.s.logger,
+	}, l.apply)
+	if err != nil {
+		l.pub.Close(ctx)
+		return err
+	}
+	l.sub = sub
+	c.mu.Lock()
+	c.events = l
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Cache) eventLink() *eventLink {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.events
+}
+
+func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
+	return &events.Event{V: events.SchemaVersion, Kind: kind, Tenant: ref.Tenant, Key: ref.Key,
+		Model: ref.Model, Epoch: ref.Epoch, Node: l.c.s.node, Time: time.Now()}
+}
+
+// published records a value this process committed or pulled, and
+// announces a commit.
+// A pull is a use of the value too: it is announced as a touch.
+func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, committed bool) {
+	m := &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch}
+	if committed {
+		m.lastTouch = time.Now()
+	}
+	l.mu.Lock()
+	l.meta[ref.Object()] = m
+	l.mu.Unlock()
+	if !committed {
+		l.touched(ref.Object())
+		return
+	}
+	e := l.event(events.KindPublished, ref)
+	e.Location, e.Expires = &loc, expires
+	l.pub.Publish(e)
+}
+
+// touched announces a hit, at most once per key per interval: the
+// reconciler extends the store TTL, the other workers their local TTL.
+func (l *eventLink) touched(obj payload.ObjectID) {
+	now := time.Now()
+	l.mu.Lock()
+	m := l.meta[obj]
+	if m == nil || now.Sub(m.lastTouch) < l.interval {
+		l.mu.Unlock()
+		return
+	}
+	m.lastTouch = now
+	loc, model, epoch := m.loc, m.model, m.epoch
+	l.mu.Unlock()
+	e := l.event(events.KindTouched, Ref{Tenant: obj.Tenant, Key: obj.Key, Model: model, Epoch: epoch})
+	e.Location, e.Expires = &loc, now.Add(l.c.s.storeTTL)
+	l.c.stats.touches.Add(1)
+	l.pub.Publish(e)
+}
+
+func (l *eventLink) abandoned(ref Ref, cause error) {
+	e := l.event(events.KindAbandoned, ref)
+	e.Reason = cause.Error()
+	l.pub.Publish(e)
+}
+
+// forget drops the metadata of a value that left the local cache.
+func (l *eventLink) forget(obj payload.ObjectID) {
+	l.mu.Lock()
+	delete(l.meta, obj)
+	l.mu.Unlock()
+}
+
+// apply follows the others: an eviction or invalidation drops local
+// copies (pinned ones stay with their holders until released) and the
+// payloads this node wrote; a touch extends the local TTL.
+func (l *eventLink) apply(e events.Event) {
+	c := l.c
+	switch e.Kind {
+	case events.KindEvicted:
+		obj := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
+		c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
+		if e.Location != nil && e.Location.Node == c.s.node {
+			ctx, cancel := c.opContext(context.Background())
+			c.router.putter.Delete(ctx, *e.Location)
+			cancel()
+		}
+	case events.KindInvalidated:
+		l.mu.Lock()
+		var stale []payload.ObjectID
+		for obj, m := range l.meta {
+			if obj.Tenant == e.Tenant && m.model == e.Model && m.epoch == e.Epoch {
+				stale = append(stale, obj)
+			}
+		}
+		l.mu.Unlock()
+		set := make(map[payload.ObjectID]bool, len(stale))
+		for _, obj := range stale {
+			set[obj] = true
+		}
+		c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return set[k] }, localcache.CauseInvalidated)
+	case events.KindTouched:
+		c.local.Touch(payload.ObjectID{Tenant: e.Tenant, Key: e.Key}, e.Expires)
+	}
+}
+
+func (l *eventLink) close(ctx context.Context) {
+	l.sub.Stop()
+	l.pub.Close(ctx)
+}

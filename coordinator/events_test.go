@@ -1,0 +1,279 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// reconciler starts a reconciler on its own connection; stop ends it.
+func startReconciler(t *testing.T, url string, store payload.Transport, opts ...Option) (r *Reconciler, stop func()) {
+	t.Helper()
+	base := []Option{WithTransport(payload.TransportMemory, store), WithNode("test-node"), WithLeaseTTL(time.Second)}
+	r, err := NewReconciler(connect(t, url), append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func eventCache(t *testing.T, url string, store payload.Transport, opts ...Option) *Cache {
+	return newCache(t, url, store, append([]Option{WithEvents(200 * time.Millisecond)}, opts...)...)
+}
+
+func readRecord(t *testing.T, c *Cache, r Ref) current {
+	t.Helper()
+	ls, _ := c.handles()
+	cur, err := ls.read(context.Background(), r.KVKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cur
+}
+
+// TestTouchesKeepStoreRecordAlive: while replica A keeps hitting a key
+// locally, its store record outlives the original store TTL; once the
+// hits stop it expires, its payload is removed, and replica B recomputes
+// rather than serve a removed payload.
+func TestTouchesKeepStoreRecordAlive(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	const storeTTL = 2 * time.Second
+	rec, _ := startReconciler(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
+	b := eventCache(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
+	ctx := context.Background()
+	var cnt counter
+	if _, path, err := a.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1)); err != nil || path != PathComputed {
+		t.Fatal(path, err)
+	}
+	a.Release("r")
+	first := readRecord(t, a, ref(1)).record.Expires
+
+	// The workload: a hit every 100ms for twice the store TTL.
+	tick := time.NewTicker(100 * time.Millisecond)
+	for end := time.Now().Add(2 * storeTTL); time.Now().Before(end); <-tick.C {
+		if _, path, err := a.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1)); err != nil || path != PathLocalHit {
+			t.Fatal(path, err)
+		}
+		a.Release("r")
+	}
+	tick.Stop()
+	cur := readRecord(t, a, ref(1))
+	if !cur.live || cur.record.State != StateCommitted || !cur.record.Expires.After(first.Add(storeTTL)) {
+		t.Fatalf("record not kept alive: live=%v expires %v (first %v)", cur.live, cur.record.Expires, first)
+	}
+	if rec.Stats().Touches == 0 {
+		t.Fatal("no touch applied")
+	}
+	// Hits stop: the record expires, the reconciler removes the payload.
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live && store.Bytes() == 0 })
+	_, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1))
+	if err != nil || path != PathComputed {
+		t.Fatalf("B after expiry: %v %v", path, err)
+	}
+	if cnt.n[1].Load() != 2 {
+		t.Fatalf("computes %d", cnt.n[1].Load())
+	}
+}
+
+// TestEvictionDropsUnpinnedCopies: an evicted event makes every worker drop
+// its copy; a pinned copy stays with its holder until released.
+func TestEvictionDropsUnpinnedCopies(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	a := eventCache(t, srv.ClientURL(), store)
+	b := eventCache(t, srv.ClientURL(), store)
+	ctx := context.Background()
+	var cnt counter
+	a.GetOrCompute(ctx, "a", ref(2), cnt.fn(2))
+	a.Release("a")
+	held, err := b.GetOrCompute(ctx, "holder", ref(2), cnt.fn(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	pub := events.NewPublisher(js, 1, 8, nil)
+	defer pub.Close(ctx)
+	err = pub.PublishSync(ctx, &events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: "acme",
+		Key: ref(2).Key, Cause: events.CauseExplicit, Time: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return a.Stats().Local.Entries == 0 && b.Stats().Local.Entries == 0 })
+	if b.Stats().Local.Bytes == 0 {
+		t.Fatal("the pinned copy was dropped before its release")
+	}
+	sameValue(t, held, 2)
+	b.Release("holder")
+	if b.Stats().Local.Bytes != 0 {
+		t.Fatal("the pinned copy stayed after its release")
+	}
+}
+
+// TestTouchesAreCoalesced: 10 000 local hits emit at most one touched
+// event per interval.
+func TestTouchesAreCoalesced(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	const interval = 5 * time.Millisecond
+	a := newCache(t, srv.ClientURL(), store, WithEvents(interval))
+	ctx := context.Background()
+	var cnt counter
+	a.GetOrCompute(ctx, "r", ref(3), cnt.fn(3))
+	start := time.Now()
+	for range 10_000 {
+		if _, err := a.GetOrCompute(ctx, "r", ref(3), cnt.fn(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	a.Release("r")
+	n, limit := a.Stats().Touches, uint64(took/interval)+1
+	if n > limit || n == 0 {
+		t.Fatalf("%d touched events for 10000 hits in %v (want 1..%d)", n, took, limit)
+	}
+	t.Logf("%d touched events for 10000 hits in %v", n, took)
+}
+
+// TestReconcilerFailover: the active reconciler dies; the standby takes
+// over within the lease TTL (plus a campaign interval), and the value that
+// expired meanwhile has its payload removed.
+func TestReconcilerFailover(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	r1, stop1 := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return r1.Stats().Active })
+	r2, _ := startReconciler(t, srv.ClientURL(), store)
+	a := eventCache(t, srv.ClientURL(), store, WithStoreTTL(time.Second))
+	var cnt counter
+	a.GetOrCompute(context.Background(), "r", ref(4), cnt.fn(4))
+	a.Release("r")
+	killed := time.Now()
+	stop1() // its lease is not released: the standby must wait it out
+	waitFor(t, func() bool { return r2.Stats().Active })
+	if took := time.Since(killed); took > time.Second+time.Second/3+2*time.Second {
+		t.Fatalf("standby took over after %v", took)
+	}
+	waitFor(t, func() bool { return store.Bytes() == 0 })
+	if r2.Stats().Expired == 0 {
+		t.Fatal("the standby did not evict the expired value")
+	}
+}
+
+// TestReplayMatchesRunningSystem: after commits, touches, an invalidation
+// and an expiry, replaying the stream gives the set of committed records.
+func TestReplayMatchesRunningSystem(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	rec, _ := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, srv.ClientURL(), store)
+	ctx := context.Background()
+	var cnt counter
+	for k := range 6 {
+		r := ref(k)
+		r.Epoch = uint64(1 + k%2)
+		if _, err := a.GetOrCompute(ctx, "r", r, cnt.fn(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Release("r")
+	if err := a.Invalidate(ctx, "acme", "m", 2); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return rec.Stats().Invalidated == 3 })
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	waitFor(t, func() bool {
+		st, _, err := events.Replay(ctx, js)
+		return err == nil && len(st.Live(time.Now())) == 3
+	})
+	st, _, _ := events.Replay(ctx, js)
+	for obj := range st.Live(time.Now()) {
+		cur := readRecord(t, a, Ref{Tenant: obj.Tenant, Key: obj.Key})
+		if !cur.live || cur.record.State != StateCommitted {
+			t.Fatalf("replay says %v is live; the store disagrees", obj)
+		}
+	}
+}
+
+// TestInvalidationIsExact: invalidating (tenant, model, epoch) removes
+// exactly those entries, locally on every worker and in the store.
+func TestInvalidationIsExact(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	rec, _ := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, srv.ClientURL(), store)
+	b := eventCache(t, srv.ClientURL(), store)
+	ctx := context.Background()
+	var cnt counter
+	refs := map[string]Ref{}
+	for i, v := range []struct {
+		name, tenant, model string
+		epoch               uint64
+	}{{"target1", "acme", "m", 1}, {"target2", "acme", "m", 1}, {"newer", "acme", "m", 2},
+		{"other-model", "acme", "n", 1}, {"other-tenant", "beta", "m", 1}} {
+		r := ref(10 + i)
+		r.Tenant, r.Model, r.Epoch = v.tenant, v.model, v.epoch
+		refs[v.name] = r
+		for _, c := range []*Cache{a, b} {
+			if _, err := c.GetOrCompute(ctx, "r", r, cnt.fn(10+i)); err != nil {
+				t.Fatal(err)
+			}
+			c.Release("r")
+		}
+	}
+	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return rec.Stats().Invalidated == 2 && b.Stats().Local.Entries == 3 })
+	for name, r := range refs {
+		stale := name == "target1" || name == "target2"
+		if got := a.local.Contains(r.Object()); got == stale {
+			t.Errorf("%s: in a's cache = %v", name, got)
+		}
+		if got := b.local.Contains(r.Object()); got == stale {
+			t.Errorf("%s: in b's cache = %v", name, got)
+		}
+		if live := readRecord(t, a, r).live; live == stale {
+			t.Errorf("%s: record live = %v", name, live)
+		}
+	}
+}
+
+// TestGarbageEventsAreSkipped: bytes that are no event are counted and
+// skipped; the worker goes on.
+func TestGarbageEventsAreSkipped(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	a := eventCache(t, srv.ClientURL(), store)
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	ctx := context.Background()
+	for _, garbage := range [][]byte{{0xc1}, []byte("{not msgpack"), {0x81, 0xa1, 'v', 0x07}} {
+		if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+ref(1).Key.String(), garbage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { _, bad, _ := a.EventStats(); return bad == 3 })
+	var cnt counter
+	if _, path, err := a.GetOrComputePath(ctx, "r", ref(5), cnt.fn(5)); err != nil || path != PathComputed {
+		t.Fatal(path, err)
+	}
+	if err := a.Invalidate(ctx, "a.b", "m", 1); err == nil || !errors.Is(err, events.ErrBadEvent) {
+		t.Fatalf("invalidation with a bad tenant: %v", err)
+	}
+}

@@ -1,0 +1,319 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ReconcilerKey is the KV key the reconcilers elect their active one on.
+// It has no '.', so it can never be a tenant's key.
+const ReconcilerKey = "_reconciler"
+
+// ReconcilerDurable is the durable consumer the active reconciler reads
+// events with; a successor resumes where its predecessor acknowledged.
+const ReconcilerDurable = "embcache-reconciler"
+
+// Reconciler keeps the store in step with the events: it extends a
+// committed record's TTL when its value is touched, removes payloads whose
+// record expired and announces it (evicted), and carries out
+// invalidations. Run any number; one is active at a time, elected with a
+// lease on ReconcilerKey, and a standby takes over when it dies.
+type Reconciler struct {
+	s     settings
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	id    string
+	stats reconcilerStats
+}
+
+type reconcilerStats struct {
+	elected, touches, expired, invalidated, payloadDeletes, sweeps atomic.Uint64
+	active                                                         atomic.Bool
+}
+
+// ReconcilerStats counts what a reconciler did.
+type ReconcilerStats struct {
+	Elected        uint64 // times it became active
+	Touches        uint64 // record TTLs extended
+	Expired        uint64 // expired records evicted
+	Invalidated    uint64 // records removed by invalidations
+	PayloadDeletes uint64 // payloads removed
+	Sweeps         uint64
+	Active         bool
+}
+
+// NewReconciler returns a reconciler over nc. It uses the Cache options
+// that concern it: bucket, replicas, lease and store TTLs, node, the
+// transports it may delete payloads with (WithTransport, WithGetter), logger.
+func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
+	s := defaults()
+	for _, opt := range opts {
+		if err := opt(&s); err != nil {
+			return nil, err
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var nonce [4]byte
+	for i := range nonce {
+		nonce[i] = byte(time.Now().UnixNano() >> (8 * i))
+	}
+	return &Reconciler{s: s, nc: nc, js: js, id: fmt.Sprintf("%s/reconciler/%x", s.node, nonce)}, nil
+}
+
+// Stats returns the counters.
+func (r *Reconciler) Stats() ReconcilerStats {
+	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: r.stats.touches.Load(),
+		Expired: r.stats.expired.Load(), Invalidated: r.stats.invalidated.Load(),
+		PayloadDeletes: r.stats.payloadDeletes.Load(), Sweeps: r.stats.sweeps.Load(), Active: r.stats.active.Load()}
+}
+
+// Run campaigns and, while elected, reconciles; it returns when ctx ends.
+func (r *Reconciler) Run(ctx context.Context) error {
+	for {
+		ls, err := r.store(ctx)
+		if err == nil {
+			var lease *Lease
+			lease, err = r.campaign(ctx, ls)
+			if err == nil {
+				r.stats.elected.Add(1)
+				r.stats.active.Store(true)
+				r.s.logger.Info("embcache: reconciler active", "id", r.id)
+				err = r.active(ctx, ls, lease)
+				r.stats.active.Store(false)
+				lease.stopHeartbeats()
+				if ctx.Err() == nil {
+					r.s.logger.Warn("embcache: reconciler stepped down", "id", r.id, "err", err)
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil && !errors.Is(err, ErrHeld) && !errors.Is(err, ErrLeaseLost) {
+			r.s.logger.Debug("embcache: reconciler waiting", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.s.leaseTTL / 3):
+		}
+	}
+}
+
+func (r *Reconciler) store(ctx context.Context) (*leaseStore, error) {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
+		return nil, err
+	}
+	return ensureBucket(octx, r.nc, r.js, r.s.bucket, r.s.replicas, r.s.markerTTL)
+}
+
+// campaign tries once to take the election key.
+func (r *Reconciler) campaign(ctx context.Context, ls *leaseStore) (*Lease, error) {
+	now := time.Now()
+	rec := Record{V: RecordVersion, State: StateComputing, Owner: r.id, Nonce: r.id, Started: now, Heartbeat: now}
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	rev, err := ls.create(octx, ReconcilerKey, rec, r.s.leaseTTL)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cache{s: r.s, leases: map[*Lease]struct{}{}} // a lease needs a Cache for its settings only
+	return newLease(c, ls, Ref{}, ReconcilerKey, rev, rec), nil
+}
+
+// active reconciles until the lease is lost or ctx ends.
+func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lease.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	state, _, err := events.Replay(ctx, r.js)
+	if err != nil {
+		return err
+	}
+	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
+	defer pub.Close(context.Background())
+	work := make(chan func(), 256)
+	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: ReconcilerDurable, Logger: r.s.logger},
+		func(e events.Event) {
+			state.Apply(e)
+			var fn func()
+			switch e.Kind {
+			case events.KindTouched:
+				fn = func() { r.applyTouch(ctx, ls, e) }
+			case events.KindInvalidated:
+				fn = func() { r.applyInvalidation(ctx, ls, pub, state, e) }
+			default:
+				return
+			}
+			select {
+			case work <- fn:
+			case <-ctx.Done():
+			}
+		})
+	if err != nil {
+		return err
+	}
+	defer sub.Stop()
+	w, err := ls.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+
+	// Values that expired while no reconciler was active; then now and
+	// then, in case a marker was missed (a watcher can stall).
+	r.sweep(ctx, ls, pub, state)
+	sweep := time.NewTicker(max(10*r.s.leaseTTL, 10*time.Second))
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return lease.Err()
+		case fn := <-work:
+			fn()
+		case e := <-w.Updates():
+			if e != nil && e.Operation() != jetstream.KeyValuePut && e.Key() != ReconcilerKey {
+				r.expire(ctx, ls, pub, state, e.Key(), events.CauseExpired)
+			}
+		case <-sweep.C:
+			r.sweep(ctx, ls, pub, state)
+		}
+	}
+}
+
+// applyTouch extends the committed record's TTL to the touch's expiry.
+// Replaying a touch changes nothing: the record already lives that long.
+func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Event) {
+	key := e.Tenant + "." + e.Key.String()
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	cur, err := ls.read(octx, key)
+	if err != nil || !cur.live || cur.record.State != StateCommitted || e.Location == nil ||
+		cur.record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.record.Expires) {
+		return
+	}
+	rec := cur.record
+	rec.Expires = e.Expires
+	ttl := time.Until(e.Expires)
+	if ttl < time.Second {
+		return
+	}
+	if _, err := ls.cas(octx, key, cur.rev, rec, ttl); err == nil {
+		r.stats.touches.Add(1)
+	}
+}
+
+// expire removes what is left of a value whose record is gone and tells
+// the workers.
+func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
+	tenant, hexKey, ok := strings.Cut(kvKey, ".")
+	key, err := cachekey.Parse(hexKey)
+	if !ok || err != nil {
+		return
+	}
+	obj := payload.ObjectID{Tenant: tenant, Key: key}
+	entry, known := state.Get(obj)
+	ev := &events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: tenant, Key: key,
+		Node: r.s.node, Time: time.Now(), Cause: cause}
+	if known {
+		ev.Model, ev.Epoch = entry.Model, entry.Epoch
+		loc := entry.Location
+		ev.Location = &loc
+		r.deletePayload(ctx, loc)
+	}
+	if cause == events.CauseExpired {
+		r.stats.expired.Add(1)
+	}
+	state.Apply(*ev)
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	if err := pub.PublishSync(octx, ev); err != nil {
+		r.s.logger.Warn("embcache: evicted event not published", "key", kvKey, "err", err)
+	}
+}
+
+// deletePayload removes a payload this reconciler can reach: its own
+// node's, or a shared store's (Mooncake). Other nodes remove theirs when
+// the evicted event reaches them.
+func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
+	t := r.s.getters[loc.Transport]
+	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
+		return
+	}
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	if err := t.Delete(octx, loc); err == nil {
+		r.stats.payloadDeletes.Add(1)
+	}
+}
+
+// sweep evicts every value the events call live whose record is gone:
+// markers can be missed while no reconciler runs.
+func (r *Reconciler) sweep(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State) {
+	r.stats.sweeps.Add(1)
+	for obj := range state.Live(time.Unix(0, 0)) {
+		key := obj.Tenant + "." + obj.Key.String()
+		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+		cur, err := ls.read(octx, key)
+		cancel()
+		if err == nil && !cur.live {
+			r.expire(ctx, ls, pub, state, key, events.CauseExpired)
+		}
+	}
+}
+
+// applyInvalidation removes every committed record (and payload) of the
+// event's tenant, model and epoch.
+func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, e events.Event) {
+	lister, err := ls.kv.ListKeysFiltered(ctx, e.Tenant+".>")
+	if err != nil {
+		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "err", err)
+		return
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	for _, key := range keys {
+		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+		cur, err := ls.read(octx, key)
+		if err == nil && cur.live && cur.record.State == StateCommitted &&
+			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch {
+			if ls.purge(octx, key, cur.rev) == nil {
+				r.stats.invalidated.Add(1)
+				if loc := cur.record.Location; loc != nil {
+					obj, _ := loc.ObjectID()
+					if _, known := state.Get(obj); !known {
+						state.Apply(events.Event{V: events.SchemaVersion, Kind: events.KindPublished, Tenant: e.Tenant,
+							Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: loc, Expires: cur.record.Expires})
+					}
+				}
+				cancel()
+				r.expire(ctx, ls, pub, state, key, events.CauseInvalidated)
+				continue
+			}
+		}
+		cancel()
+	}
+}

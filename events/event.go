@@ -1,0 +1,196 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/payload"
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/zeebo/blake3"
+)
+
+// SchemaVersion is the version of the event body this package writes.
+const SchemaVersion = 1
+
+// ErrBadEvent is returned for a body that does not decode, has an unknown
+// version or kind, or lacks what its kind needs.
+var ErrBadEvent = errors.New("events: bad event")
+
+// Kind is what happened.
+type Kind uint8
+
+// Event kinds.
+const (
+	KindPublished Kind = iota + 1
+	KindTouched
+	KindEvicted
+	KindAbandoned
+	KindInvalidated
+)
+
+var kindNames = [...]string{"", "published", "touched", "evicted", "abandoned", "invalidated"}
+
+// String returns the kind as it appears in subjects.
+func (k Kind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// ParseKind is the inverse of String.
+func ParseKind(s string) (Kind, error) {
+	for i := 1; i < len(kindNames); i++ {
+		if kindNames[i] == s {
+			return Kind(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown kind %q", ErrBadEvent, s)
+}
+
+// Kinds lists every kind.
+func Kinds() []Kind {
+	return []Kind{KindPublished, KindTouched, KindEvicted, KindAbandoned, KindInvalidated}
+}
+
+// Cause says why a store copy was evicted.
+type Cause uint8
+
+// Eviction causes.
+const (
+	CauseExpired     Cause = iota + 1 // its store TTL ran out
+	CauseInvalidated                  // its tenant, model and epoch were invalidated
+	CauseCorrupt                      // its payload was missing or failed verification
+	CauseExplicit                     // an operator removed it
+)
+
+// String returns "expired", "invalidated", "corrupt" or "explicit".
+func (c Cause) String() string {
+	switch c {
+	case CauseExpired:
+		return "expired"
+	case CauseInvalidated:
+		return "invalidated"
+	case CauseCorrupt:
+		return "corrupt"
+	case CauseExplicit:
+		return "explicit"
+	}
+	return fmt.Sprintf("Cause(%d)", uint8(c))
+}
+
+// Event is one event. Which fields are set depends on Kind: Location and
+// Expires for published and touched; Cause for evicted; Model and Epoch
+// for invalidated (and, when known, for the others).
+type Event struct {
+	V        int               `msgpack:"v"`
+	Kind     Kind              `msgpack:"kind"`
+	Tenant   string            `msgpack:"tenant"`
+	Key      cachekey.Key      `msgpack:"key"`
+	Model    string            `msgpack:"model,omitempty"`
+	Epoch    uint64            `msgpack:"epoch,omitempty"`
+	Node     string            `msgpack:"node,omitempty"` // who emitted it
+	Time     time.Time         `msgpack:"time"`
+	Expires  time.Time         `msgpack:"expires,omitempty"`
+	Location *payload.Location `msgpack:"location,omitempty"`
+	Cause    Cause             `msgpack:"cause,omitempty"`
+	Reason   string            `msgpack:"reason,omitempty"` // abandoned: the compute's error
+}
+
+// Subject returns the event's subject: embcache.ev.<tenant>.<kind>.<keyhex>.
+// An invalidated event's key is InvalidationKey(model, epoch).
+func (e *Event) Subject() string {
+	return "embcache.ev." + e.Tenant + "." + e.Kind.String() + "." + e.Key.String()
+}
+
+// SubjectPrefix is the root of every event subject.
+const SubjectPrefix = "embcache.ev."
+
+// InvalidationKey names an invalidation in subjects: BLAKE3 of the model
+// and the epoch, so model names with '.' or '/' stay one subject token, and
+// each (model, epoch) keeps its own last event.
+func InvalidationKey(model string, epoch uint64) cachekey.Key {
+	return cachekey.Key(blake3.Sum256(fmt.Appendf(nil, "embcache/invalidation/v1\x00%s\x00%d", model, epoch)))
+}
+
+// Validate checks what Kind requires.
+func (e *Event) Validate() error {
+	if e.V != SchemaVersion {
+		return fmt.Errorf("%w: schema version %d, this reader knows %d", ErrBadEvent, e.V, SchemaVersion)
+	}
+	if e.Kind < KindPublished || e.Kind > KindInvalidated {
+		return fmt.Errorf("%w: unknown kind %d", ErrBadEvent, e.Kind)
+	}
+	if err := cachekey.ValidateTenant(e.Tenant); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	switch e.Kind {
+	case KindPublished, KindTouched:
+		if e.Location == nil || e.Expires.IsZero() {
+			return fmt.Errorf("%w: %v without location or expiry", ErrBadEvent, e.Kind)
+		}
+		if err := e.Location.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrBadEvent, err)
+		}
+	case KindEvicted:
+		if e.Cause == 0 {
+			return fmt.Errorf("%w: evicted without a cause", ErrBadEvent)
+		}
+	case KindInvalidated:
+		if e.Model == "" || e.Key != InvalidationKey(e.Model, e.Epoch) {
+			return fmt.Errorf("%w: invalidated needs a model and its invalidation key", ErrBadEvent)
+		}
+	}
+	return nil
+}
+
+// Encode validates e and returns its msgpack body.
+func Encode(e *Event) ([]byte, error) {
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return msgpack.Marshal(e)
+}
+
+// Decode parses and validates a body. The error wraps ErrBadEvent.
+func Decode(b []byte) (Event, error) {
+	var e Event
+	if err := msgpack.Unmarshal(b, &e); err != nil {
+		return Event{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	if err := e.Validate(); err != nil {
+		return Event{}, err
+	}
+	return e, nil
+}
+
+// ParseSubject splits an event subject into tenant, kind and key.
+func ParseSubject(subject string) (tenant string, kind Kind, key cachekey.Key, err error) {
+	parts := strings.Split(strings.TrimPrefix(subject, SubjectPrefix), ".")
+	if !strings.HasPrefix(subject, SubjectPrefix) || len(parts) != 3 {
+		return "", 0, key, fmt.Errorf("%w: subject %q", ErrBadEvent, subject)
+	}
+	if kind, err = ParseKind(parts[1]); err != nil {
+		return "", 0, key, err
+	}
+	if key, err = cachekey.Parse(parts[2]); err != nil {
+		return "", 0, key, fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	return parts[0], kind, key, nil
+}
+
+// Filter returns the subject filter for a tenant ("" for all) and kind (0
+// for all).
+func Filter(tenant string, kind Kind) string {
+	t, k := "*", "*"
+	if tenant != "" {
+		t = tenant
+	}
+	if kind != 0 {
+		k = kind.String()
+	}
+	return SubjectPrefix + t + "." + k + ".*"
+}

@@ -1,0 +1,293 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func server(t testing.TB) (*embedded.Server, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := EnsureStream(context.Background(), js, 1); err != nil {
+		t.Fatal(err)
+	}
+	return srv, nc, js
+}
+
+var now = time.Unix(1_800_000_000, 0).UTC()
+
+func key(i byte) cachekey.Key { return cachekey.Key{i, 0xee} }
+
+func published(tenant string, i byte, expires time.Time) *Event {
+	loc := payload.Location{Transport: "shm", Node: "n1", Address: "/dev/shm/embcache",
+		Object: payload.ObjectID{Tenant: tenant, Key: key(i)}.String(), Size: 128, Checksum: payload.Checksum{i}}
+	return &Event{V: SchemaVersion, Kind: KindPublished, Tenant: tenant, Key: key(i), Model: "m", Epoch: 1,
+		Node: "n1", Time: now, Expires: expires, Location: &loc}
+}
+
+func TestEncodeDecode(t *testing.T) {
+	for _, e := range []*Event{
+		published("acme", 1, now.Add(time.Hour)),
+		{V: 1, Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now},
+		{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(2), Reason: "OOM", Time: now},
+		{V: 1, Kind: KindInvalidated, Tenant: "acme", Key: InvalidationKey("m", 3), Model: "m", Epoch: 3, Time: now},
+	} {
+		b, err := Encode(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Kind != e.Kind || got.Key != e.Key || !got.Time.Equal(e.Time) || got.Subject() != e.Subject() {
+			t.Fatalf("round trip: %+v != %+v", got, e)
+		}
+		tenant, kind, k, err := ParseSubject(e.Subject())
+		if err != nil || tenant != e.Tenant || kind != e.Kind || k != e.Key {
+			t.Fatalf("subject %s: %v", e.Subject(), err)
+		}
+	}
+	for name, e := range map[string]*Event{
+		"version":      {V: 2, Kind: KindAbandoned, Tenant: "acme"},
+		"kind":         {V: 1, Kind: 9, Tenant: "acme"},
+		"tenant":       {V: 1, Kind: KindAbandoned, Tenant: "a.b"},
+		"no location":  {V: 1, Kind: KindPublished, Tenant: "acme", Expires: now},
+		"no cause":     {V: 1, Kind: KindEvicted, Tenant: "acme"},
+		"invalidation": {V: 1, Kind: KindInvalidated, Tenant: "acme", Model: "m", Epoch: 3, Key: key(1)},
+	} {
+		if _, err := Encode(e); !errors.Is(err, ErrBadEvent) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	for _, garbage := range [][]byte{nil, {0xc1}, []byte("not msgpack"), {0x81, 0xa1, 'v', 0x02}} {
+		if _, err := Decode(garbage); !errors.Is(err, ErrBadEvent) {
+			t.Errorf("garbage %x: %v", garbage, err)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	b, _ := Encode(published("acme", 1, now.Add(time.Hour)))
+	f.Add(b)
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadEvent) {
+				t.Fatalf("%v is not ErrBadEvent", err)
+			}
+			return
+		}
+		if _, err := Encode(&e); err != nil {
+			t.Fatalf("a decoded event does not encode: %v", err)
+		}
+	})
+}
+
+func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
+	ctx := context.Background()
+	_, _, js := server(t)
+	pub := NewPublisher(js, 2, 64, nil)
+	defer pub.Close(ctx)
+	var mu sync.Mutex
+	var got []Event
+	seen := make(chan struct{}, 100)
+	handle := func(e Event) {
+		mu.Lock()
+		got = append(got, e)
+		mu.Unlock()
+		seen <- struct{}{}
+	}
+	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, Kinds: []Kind{KindPublished}, Durable: "test"}, handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	pub.PublishSync(ctx, published("other", 2, now.Add(time.Hour)))                                          // other tenant
+	pub.PublishSync(ctx, &Event{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(3), Time: now})          // other kind
+	if _, err := js.Publish(ctx, "embcache.ev.acme.published."+key(4).String(), []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	pub.PublishSync(ctx, published("acme", 5, now.Add(time.Hour)))
+	<-seen
+	<-seen
+	waitUntil(t, func() bool { return sub.Bad() == 1 })
+	sub.Stop()
+	// Events published while the durable consumer is away are delivered when it comes back.
+	pub.PublishSync(ctx, published("acme", 6, now.Add(time.Hour)))
+	sub, err = Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, Kinds: []Kind{KindPublished}, Durable: "test"}, handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-seen
+	sub.Stop()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 3 || got[0].Key != key(1) || got[1].Key != key(5) || got[2].Key != key(6) {
+		t.Fatalf("got %d events: %+v", len(got), got)
+	}
+}
+
+func TestPublisherDropsWhenFullAndCountsErrors(t *testing.T) {
+	srv, _, js := server(t)
+	srv.Shutdown() // every publish now fails after its timeout: the queue fills
+	pub := NewPublisher(js, 1, 2, nil)
+	pub.timeout = 200 * time.Millisecond
+	start := time.Now()
+	for i := range 10 {
+		pub.Publish(published("acme", byte(i), now.Add(time.Hour)))
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Fatalf("Publish blocked the caller for %v", took)
+	}
+	if s := pub.Stats(); s.Dropped < 7 {
+		t.Fatalf("stats %+v: want at least 7 drops", s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := pub.Stats()
+	if s.Errors+s.Dropped != 10 || s.Published != 0 {
+		t.Fatalf("stats after close %+v: every event is an error or a drop", s)
+	}
+	if pub.Publish(published("acme", 1, now)) {
+		t.Fatal("publish after close accepted")
+	}
+}
+
+func TestReplayRebuildsLiveSet(t *testing.T) {
+	ctx := context.Background()
+	_, _, js := server(t)
+	pub := NewPublisher(js, 1, 64, nil)
+	defer pub.Close(ctx)
+	running := NewState()
+	emit := func(e *Event) {
+		t.Helper()
+		if err := pub.PublishSync(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		running.Apply(*e)
+	}
+	emit(published("acme", 1, now.Add(time.Hour)))
+	emit(published("acme", 2, now.Add(time.Hour)))
+	emit(published("acme", 3, now.Add(time.Minute)))
+	touch := published("acme", 3, now.Add(2*time.Hour))
+	touch.Kind = KindTouched
+	emit(touch)
+	emit(&Event{V: 1, Kind: KindEvicted, Tenant: "acme", Key: key(2), Cause: CauseExpired, Time: now})
+	emit(published("beta", 4, now.Add(time.Hour)))
+	emit(&Event{V: 1, Kind: KindInvalidated, Tenant: "beta", Model: "m", Epoch: 1, Key: InvalidationKey("m", 1), Time: now})
+	js.Publish(ctx, "embcache.ev.acme.published."+key(9).String(), []byte{0xc1}) // garbage
+
+	replayed, skipped, err := Replay(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skipped != 1 {
+		t.Fatalf("skipped %d", skipped)
+	}
+	want, have := running.Live(now), replayed.Live(now)
+	if len(want) != 2 || len(have) != len(want) {
+		t.Fatalf("live: running %d, replayed %d", len(want), len(have))
+	}
+	for id, e := range want {
+		if h, ok := have[id]; !ok || !h.Expires.Equal(e.Expires) || h.Location != e.Location {
+			t.Fatalf("%v: running %+v, replayed %+v", id, e, h)
+		}
+	}
+	// Idempotent: replaying again changes nothing.
+	again, _, _ := Replay(ctx, js)
+	if len(again.Live(now)) != 2 {
+		t.Fatal("second replay differs")
+	}
+}
+
+// waitUntil waits for a condition another goroutine (a NATS delivery)
+// makes true; it fails after 10s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestPublisherCloseFlushes(t *testing.T) {
+	_, _, js := server(t)
+	pub := NewPublisher(js, 2, 256, nil)
+	for i := range 200 {
+		if !pub.Publish(published("acme", byte(i), now.Add(time.Hour))) {
+			t.Fatal("dropped with room in the queue")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := pub.Stats(); s.Published != 200 || s.Dropped != 0 || s.Errors != 0 {
+		t.Fatalf("stats after close %+v", s)
+	}
+}
+
+// BenchmarkPublish: the caller's cost of Publish with room in the queue
+// and with a full queue (the server is down, so nothing drains): a drop
+// must cost the caller no more than a queued publish.
+func BenchmarkPublish(b *testing.B) {
+	for _, full := range []bool{false, true} {
+		b.Run(map[bool]string{false: "queued", true: "full-queue-drop"}[full], func(b *testing.B) {
+			srv, _, js := server(b)
+			if full {
+				srv.Shutdown()
+			}
+			var pub *Publisher
+			if !full {
+				pub = NewPublisher(js, 2, 1<<20, nil)
+			} else {
+				pub = NewPublisher(js, 1, 1, nil)
+				pub.timeout = time.Second
+				for range 3 {
+					pub.Publish(published("acme", 1, now.Add(time.Hour)))
+				}
+			}
+			e := published("acme", 1, now.Add(time.Hour))
+			for b.Loop() {
+				pub.Publish(e)
+			}
+			b.StopTimer()
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			pub.Close(ctx)
+			cancel()
+		})
+	}
+}

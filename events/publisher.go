@@ -1,0 +1,160 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("events: publisher closed")
+
+// Publisher publishes events off the caller's path: a fixed number of
+// workers drain a bounded queue. When the queue is full the event is
+// dropped and counted (with a warning at most once per WarnEvery): the
+// hot path never blocks and never spawns a goroutine per event.
+type Publisher struct {
+	js      jetstream.JetStream
+	queue   chan *nats.Msg
+	logger  *slog.Logger
+	timeout time.Duration
+
+	published, dropped, errs, invalid atomic.Uint64
+	lastWarn                          atomic.Int64 // unix nanos of the last drop warning
+
+	mu     sync.RWMutex // guards closed against sends on a closed queue
+	closed bool
+	abort  chan struct{} // closed when Close gives up waiting: drop the rest
+	wg     sync.WaitGroup
+}
+
+// PublisherStats counts what a Publisher did.
+type PublisherStats struct {
+	Published uint64 // acknowledged by the stream
+	Dropped   uint64 // queue full
+	Errors    uint64 // the publish failed
+	Invalid   uint64 // the event did not validate
+	Queued    int    // waiting now
+}
+
+// WarnEvery bounds the drop warnings.
+const WarnEvery = 10 * time.Second
+
+// NewPublisher starts workers goroutines draining a queue of queueSize.
+func NewPublisher(js jetstream.JetStream, workers, queueSize int, logger *slog.Logger) *Publisher {
+	if workers < 1 {
+		workers = 2
+	}
+	if queueSize < 1 {
+		queueSize = 1024
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	p := &Publisher{js: js, queue: make(chan *nats.Msg, queueSize), logger: logger, timeout: 5 * time.Second,
+		abort: make(chan struct{})}
+	for range workers {
+		p.wg.Go(p.work)
+	}
+	return p
+}
+
+func (p *Publisher) work() {
+	for msg := range p.queue {
+		select {
+		case <-p.abort:
+			p.dropped.Add(1)
+			continue
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+		_, err := p.js.PublishMsg(ctx, msg)
+		cancel()
+		if err != nil {
+			p.errs.Add(1)
+			p.logger.Debug("events: publish failed", "subject", msg.Subject, "err", err)
+			continue
+		}
+		p.published.Add(1)
+	}
+}
+
+// Publish queues e and returns at once. It reports whether e was queued;
+// a full queue drops it (counted), an invalid event is counted and refused.
+func (p *Publisher) Publish(e *Event) bool {
+	body, err := Encode(e)
+	if err != nil {
+		p.invalid.Add(1)
+		p.logger.Warn("events: invalid event not published", "err", err)
+		return false
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		p.dropped.Add(1)
+		return false
+	}
+	select {
+	case p.queue <- &nats.Msg{Subject: e.Subject(), Data: body}:
+		return true
+	default:
+		n := p.dropped.Add(1)
+		now := time.Now().UnixNano()
+		if last := p.lastWarn.Load(); now-last >= int64(WarnEvery) && p.lastWarn.CompareAndSwap(last, now) {
+			p.logger.Warn("events: publish queue full, dropping events", "dropped_total", n, "queue", cap(p.queue))
+		}
+		return false
+	}
+}
+
+// PublishSync publishes e and waits for the stream's acknowledgement: for
+// events that must not be dropped (invalidations).
+func (p *Publisher) PublishSync(ctx context.Context, e *Event) error {
+	body, err := Encode(e)
+	if err != nil {
+		return err
+	}
+	if _, err := p.js.PublishMsg(ctx, &nats.Msg{Subject: e.Subject(), Data: body}); err != nil {
+		p.errs.Add(1)
+		return fmt.Errorf("events: publishing %s: %w", e.Subject(), err)
+	}
+	p.published.Add(1)
+	return nil
+}
+
+// Stats returns the counters.
+func (p *Publisher) Stats() PublisherStats {
+	return PublisherStats{Published: p.published.Load(), Dropped: p.dropped.Load(),
+		Errors: p.errs.Load(), Invalid: p.invalid.Load(), Queued: len(p.queue)}
+}
+
+// Close stops taking events and waits for the queue to drain, until ctx
+// ends; what is still queued then is counted as dropped.
+func (p *Publisher) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.queue)
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		left := len(p.queue)
+		close(p.abort)
+		<-done
+		return fmt.Errorf("events: close: %d events left unpublished: %w", left, ctx.Err())
+	}
+}

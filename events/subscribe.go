@@ -1,0 +1,111 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// SubscribeOptions selects what a subscription gets.
+type SubscribeOptions struct {
+	Tenants []string // only these tenants; empty means all
+	Kinds   []Kind   // only these kinds; empty means all
+	// Durable names a durable consumer: it resumes after a disconnect or a
+	// restart from the first event it had not acknowledged. Empty means an
+	// ordered (ephemeral) consumer.
+	Durable string
+	// New starts an ordered consumer at new events instead of the start.
+	New    bool
+	Logger *slog.Logger
+}
+
+func (o SubscribeOptions) filters() []string {
+	tenants, kinds := o.Tenants, o.Kinds
+	if len(tenants) == 0 {
+		tenants = []string{""}
+	}
+	if len(kinds) == 0 {
+		kinds = []Kind{0}
+	}
+	var out []string
+	for _, t := range tenants {
+		for _, k := range kinds {
+			out = append(out, Filter(t, k))
+		}
+	}
+	return out
+}
+
+// Subscription delivers events to a handler until Stop.
+type Subscription struct {
+	cc       jetstream.ConsumeContext
+	handled  atomic.Uint64
+	bad      atomic.Uint64
+	consumer jetstream.Consumer
+}
+
+// Subscribe calls handle for every event that matches opts, one at a time,
+// acknowledging each after handle returns. An event that does not decode
+// is counted (Bad), logged and acknowledged: it is skipped, never fatal.
+func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOptions, handle func(Event)) (*Subscription, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	var cons jetstream.Consumer
+	var err error
+	if opts.Durable != "" {
+		cons, err = js.CreateOrUpdateConsumer(ctx, StreamName, jetstream.ConsumerConfig{
+			Durable:        opts.Durable,
+			FilterSubjects: opts.filters(),
+			AckPolicy:      jetstream.AckExplicitPolicy,
+			DeliverPolicy:  jetstream.DeliverAllPolicy,
+			MaxAckPending:  1024,
+		})
+	} else {
+		policy := jetstream.DeliverAllPolicy
+		if opts.New {
+			policy = jetstream.DeliverNewPolicy
+		}
+		cons, err = js.OrderedConsumer(ctx, StreamName, jetstream.OrderedConsumerConfig{
+			FilterSubjects: opts.filters(),
+			DeliverPolicy:  policy,
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events: consumer: %w", err)
+	}
+	s := &Subscription{consumer: cons}
+	s.cc, err = cons.Consume(func(m jetstream.Msg) {
+		e, err := Decode(m.Data())
+		if err != nil {
+			s.bad.Add(1)
+			logger.Warn("events: skipping an event that does not decode", "subject", m.Subject(), "err", err)
+		} else {
+			handle(e)
+			s.handled.Add(1)
+		}
+		if opts.Durable != "" {
+			m.Ack()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("events: consume: %w", err)
+	}
+	return s, nil
+}
+
+// Handled counts events passed to the handler.
+func (s *Subscription) Handled() uint64 { return s.handled.Load() }
+
+// Bad counts events skipped because they did not decode.
+func (s *Subscription) Bad() uint64 { return s.bad.Load() }
+
+// Stop ends the subscription and waits until the handler is no longer called.
+func (s *Subscription) Stop() {
+	s.cc.Stop()
+	<-s.cc.Closed()
+}
