@@ -128,8 +128,8 @@ func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
 	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
 		t.Fatal(err)
 	}
-	pub.PublishSync(ctx, published("other", 2, now.Add(time.Hour)))                                          // other tenant
-	pub.PublishSync(ctx, &Event{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(3), Time: now})          // other kind
+	pub.PublishSync(ctx, published("other", 2, now.Add(time.Hour)))                                 // other tenant
+	pub.PublishSync(ctx, &Event{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(3), Time: now}) // other kind
 	if _, err := js.Publish(ctx, "embcache.ev.acme.published."+key(4).String(), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
