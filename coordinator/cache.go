@@ -18,6 +18,8 @@ import (
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ComputeFunc computes a value on a miss (runs the encoder).
@@ -64,6 +66,7 @@ type Cache struct {
 	router *router
 	owner  string
 	stats  counters
+	tel    *instruments
 
 	mu     sync.Mutex
 	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
@@ -101,8 +104,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	c := &Cache{s: s, leases: make(map[*Lease]struct{}), done: make(chan struct{})}
 	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
-		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, _ localcache.Cause) {
+		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, cause localcache.Cause) {
 			v.Close()
+			c.tel.evicted(cause)
 			if l := c.eventLink(); l != nil {
 				l.forget(k)
 			}
@@ -118,6 +122,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	var nonce [4]byte
 	rand.Read(nonce[:])
 	c.nc, c.js, c.local = nc, js, local
+	if c.tel, err = newInstruments(c, s.tracerProvider, s.meterProvider); err != nil {
+		return nil, err
+	}
 	c.router = &router{node: s.node, putKind: s.putKind, putter: s.putter, getters: s.getters, shm: s.shm}
 	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
@@ -227,6 +234,15 @@ func (c *Cache) GetOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // others; past the compute timeout, waiters get localcache.ErrComputeTimeout.
 // fn's error reaches every waiter and the key is released for a retry.
 func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+	start := time.Now()
+	ctx, span := c.tel.tracer.Start(ctx, "embcache.GetOrCompute", trace.WithAttributes(
+		attribute.String("embcache.tenant", ref.Tenant), attribute.String("embcache.key", ref.Key.String())))
+	v, path, err := c.getOrCompute(ctx, req, ref, fn)
+	c.tel.request(ctx, span, path, start, err)
+	return v, path, err
+}
+
+func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	if err := ref.validate(); err != nil {
 		return nil, 0, err
 	}
@@ -294,9 +310,12 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 
 		case cur.record.State == StateCommitted:
 			unsubscribe()
+			pullStart := time.Now()
 			v, err := c.router.get(ctx, *cur.record.Location)
 			if err == nil {
 				c.stats.remoteHits.Add(1)
+				c.tel.pullBytes.Add(ctx, cur.record.Location.Size)
+				c.tel.pullTime.Record(ctx, time.Since(pullStart).Seconds())
 				if l := c.eventLink(); l != nil {
 					l.published(ref, *cur.record.Location, cur.record.Expires, false)
 				}
@@ -323,6 +342,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			if !waited {
 				waited = true
 				c.stats.waits.Add(1)
+				c.tel.leaseWaits.Add(ctx, 1)
 			}
 			t := time.NewTimer(c.s.pollInterval)
 			select {
@@ -378,7 +398,9 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 		}
 	}()
 	l := c.eventLink()
+	computeStart := time.Now()
 	v, err = fn(ctx)
+	c.tel.computeTime.Record(ctx, time.Since(computeStart).Seconds())
 	if err != nil {
 		c.stats.computeErrors.Add(1)
 		if aerr := lease.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
@@ -409,7 +431,9 @@ func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*pay
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
 	c.stats.degraded.Add(1)
+	computeStart := time.Now()
 	v, err := fn(ctx)
+	c.tel.computeTime.Record(ctx, time.Since(computeStart).Seconds())
 	if err != nil {
 		c.stats.computeErrors.Add(1)
 		return nil, PathDegraded, err
@@ -488,6 +512,9 @@ func (c *Cache) Close() error {
 	}
 	if hub != nil {
 		hub.close()
+	}
+	for _, r := range c.tel.registrations {
+		r.Unregister()
 	}
 	if l := c.eventLink(); l != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -9,6 +9,8 @@ import (
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Mode says what the Cache does when the store cannot be reached.
@@ -52,6 +54,8 @@ type settings struct {
 	shm            *shm.Store
 	local          []localcache.Option
 	logger         *slog.Logger
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
 	events         bool
 	touchInterval  time.Duration
 	eventReplicas  int
@@ -219,6 +223,16 @@ func WithEvents(touchInterval time.Duration) Option {
 		s.events, s.touchInterval = true, touchInterval
 		return nil
 	}
+}
+
+// WithTracerProvider sets where spans go (default: the global provider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(s *settings) error { s.tracerProvider = tp; return nil }
+}
+
+// WithMeterProvider sets where metrics go (default: the global provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(s *settings) error { s.meterProvider = mp; return nil }
 }
 
 // WithLogger sets the logger (default slog.Default()).
