@@ -5,12 +5,17 @@ PKGS      := ./...
 FUZZTIME  ?= 60s
 BENCHTIME ?= 1s
 
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+DEMO_FLAGS ?=
+
 .PHONY: all build test vet test-go test-mooncake bench lint fuzz demo clean
 
 all: build
 
+# A static binary (no cgo): what the demo runs and the images are built from.
 build:
-	$(GO) build $(PKGS)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/embcache ./cmd/embcache
 
 ## test: vet (with and without the mooncake tag) and every test under -race.
 test: vet test-go test-mooncake
@@ -28,7 +33,7 @@ test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/...
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
@@ -37,11 +42,12 @@ lint: vet
 # Each fuzz target for FUZZTIME (go test -fuzz takes one target at a time).
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./cachekey/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./payload/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./events/
 
-demo:
-	@echo "embcache demo: not built yet. It will start an embedded NATS server, a reconciler,"
-	@echo "one encoder and four prefill workers as processes, and print the dedup table."
-	@echo "Today: 'make test' runs keys, the local cache and the payload plane."
+## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).
+demo: build
+	$(BIN)/embcache demo $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(BIN)

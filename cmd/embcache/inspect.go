@@ -1,0 +1,315 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// connFlags say how inspection commands reach NATS.
+type connFlags struct {
+	url, user, pass string
+	timeout         time.Duration
+}
+
+func (c *connFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.url, "nats", envOr("EMBCACHE_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s) ($EMBCACHE_NATS)")
+	fs.StringVar(&c.user, "user", "", "NATS user")
+	fs.StringVar(&c.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS")
+}
+
+func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.Name("embcache-cli"), nats.Timeout(c.timeout)}
+	if c.user != "" {
+		opts = append(opts, nats.UserInfo(c.user, c.pass))
+	}
+	nc, err := nats.Connect(c.url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w (is embcache serve running? set --nats)", c.url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+func newLeases() *cobra.Command {
+	var cf connFlags
+	cmd := &cobra.Command{Use: "leases", Short: "List and show lease records"}
+	cf.register(cmd.PersistentFlags())
+	var tenant string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List lease and record keys (<tenant>.<keyhex>)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, js, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
+			if err != nil {
+				return fmt.Errorf("bucket %s: %w", coordinator.DefaultBucket, err)
+			}
+			filter := ">"
+			if tenant != "" {
+				if err := cachekey.ValidateTenant(tenant); err != nil {
+					return usageError{err}
+				}
+				filter = tenant + ".>"
+			}
+			lister, err := kv.ListKeysFiltered(ctx, filter)
+			if err != nil {
+				return err
+			}
+			var keys []string
+			for k := range lister.Keys() {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				fmt.Fprintln(cmd.OutOrStdout(), k)
+			}
+			return nil
+		},
+	}
+	ls.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
+	get := &cobra.Command{
+		Use:   "get <tenant>.<keyhex>",
+		Short: "Print a lease record (JSON)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, k, ok := strings.Cut(args[0], ".")
+			if !ok || cachekey.ValidateTenant(t) != nil {
+				return usagef("key %q is not <tenant>.<keyhex>", args[0])
+			}
+			if _, err := cachekey.Parse(k); err != nil {
+				return usageError{err}
+			}
+			nc, js, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
+			if err != nil {
+				return err
+			}
+			e, err := kv.Get(ctx, args[0])
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return fmt.Errorf("%s: no such lease or record", args[0])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", e.Value())
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, get)
+	return cmd
+}
+
+func newEvents() *cobra.Command {
+	var cf connFlags
+	cmd := &cobra.Command{Use: "events", Short: "Follow the event stream"}
+	cf.register(cmd.PersistentFlags())
+	var kind, tenant string
+	var fromStart bool
+	var count int
+	tail := &cobra.Command{
+		Use:   "tail",
+		Short: "Print events as JSON lines (decoded from msgpack) until interrupted",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := events.SubscribeOptions{New: !fromStart, Logger: newLogger(cmd.ErrOrStderr(), false)}
+			if kind != "" {
+				k, err := events.ParseKind(kind)
+				if err != nil {
+					return usageError{err}
+				}
+				opts.Kinds = []events.Kind{k}
+			}
+			if tenant != "" {
+				if err := cachekey.ValidateTenant(tenant); err != nil {
+					return usageError{err}
+				}
+				opts.Tenants = []string{tenant}
+			}
+			nc, js, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			printed := 0
+			out := make(chan events.Event, 64)
+			sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
+				select {
+				case out <- e:
+				case <-ctx.Done():
+				}
+			})
+			if err != nil {
+				return err
+			}
+			defer sub.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case e := <-out:
+					line := map[string]any{"kind": e.Kind.String(), "tenant": e.Tenant, "key": e.Key.String(),
+						"node": e.Node, "time": e.Time}
+					if e.Model != "" {
+						line["model"], line["epoch"] = e.Model, e.Epoch
+					}
+					if !e.Expires.IsZero() {
+						line["expires"] = e.Expires
+					}
+					if e.Location != nil {
+						line["location"] = e.Location
+					}
+					if e.Cause != 0 {
+						line["cause"] = e.Cause.String()
+					}
+					if e.Reason != "" {
+						line["reason"] = e.Reason
+					}
+					writeJSONLine(cmd.OutOrStdout(), line)
+					if printed++; count > 0 && printed >= count {
+						return nil
+					}
+				}
+			}
+		},
+	}
+	tail.Flags().StringVar(&kind, "kind", "", "only this kind: published, touched, evicted, abandoned, invalidated")
+	tail.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
+	tail.Flags().BoolVar(&fromStart, "from-start", false, "replay the stream from its start")
+	tail.Flags().IntVar(&count, "count", 0, "stop after this many events")
+	cmd.AddCommand(tail)
+	return cmd
+}
+
+func newStats() *cobra.Command {
+	var cf connFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show the bucket, the stream and the live set",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nc, js, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 3*cf.timeout)
+			defer cancel()
+			out := map[string]any{}
+			if kv, err := js.KeyValue(ctx, coordinator.DefaultBucket); err == nil {
+				st, err := kv.Status(ctx)
+				if err != nil {
+					return err
+				}
+				out["bucket"] = map[string]any{"name": st.Bucket(), "values": st.Values(), "bytes": st.Bytes(), "replicas": st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas}
+			}
+			if s, err := js.Stream(ctx, events.StreamName); err == nil {
+				info, err := s.Info(ctx)
+				if err != nil {
+					return err
+				}
+				out["events"] = map[string]any{"stream": events.StreamName, "messages": info.State.Msgs, "bytes": info.State.Bytes}
+				state, skipped, err := events.Replay(ctx, js)
+				if err != nil {
+					return err
+				}
+				out["live_values"] = len(state.Live(time.Now()))
+				out["undecodable_events"] = skipped
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), out)
+			}
+			for _, k := range []string{"bucket", "events", "live_values", "undecodable_events"} {
+				if v, ok := out[k]; ok {
+					fmt.Fprintf(cmd.OutOrStdout(), "%-19s %v\n", k, v)
+				}
+			}
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newInvalidate() *cobra.Command {
+	var cf connFlags
+	var tenant, model string
+	var epoch uint64
+	cmd := &cobra.Command{
+		Use:   "invalidate --tenant T --model M --epoch E",
+		Short: "Declare every value of a tenant, model and weight epoch stale",
+		Long: "invalidate publishes an invalidated event: workers drop their copies, and the reconciler\n" +
+			"removes the records and payloads. Use it after updating a model's weights in place.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cachekey.ValidateTenant(tenant); err != nil {
+				return usageError{err}
+			}
+			if model == "" || !cmd.Flags().Changed("epoch") {
+				return usagef("--model and --epoch are required")
+			}
+			nc, js, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+				return err
+			}
+			pub := events.NewPublisher(js, 1, 1, newLogger(cmd.ErrOrStderr(), false))
+			defer pub.Close(ctx)
+			e := &events.Event{V: events.SchemaVersion, Kind: events.KindInvalidated, Tenant: tenant, Model: model, Epoch: epoch,
+				Key: events.InvalidationKey(model, epoch), Node: hostname(), Time: time.Now()}
+			if err := pub.PublishSync(ctx, e); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "invalidated tenant %s model %s epoch %d\n", tenant, model, epoch)
+			return nil
+		},
+	}
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant")
+	cmd.Flags().StringVar(&model, "model", "", "model id")
+	cmd.Flags().Uint64Var(&epoch, "epoch", 0, "weight epoch whose values are stale")
+	return cmd
+}

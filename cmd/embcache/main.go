@@ -1,0 +1,62 @@
+// Command embcache runs and inspects an embcache cluster: the one-command
+// demo, a node (serve), the workers the demo and docker-compose run, key
+// construction, and inspection of leases, events and stats.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes: 0 success, 1 failure, 2 bad usage or input.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError marks an error as the caller's: exit code 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+var version = "dev"
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "embcache",
+		Short:         "A cluster-wide cache for multimodal encoder outputs",
+		Long:          "embcache makes one process in a cluster compute each image, video or audio embedding,\nand moves the tensor to every replica that needs it.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newDemo(), newWorker(), newServe(), newKey(), newLeases(), newEvents(), newStats(),
+		newInvalidate(), newVersion())
+	return root
+}
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "embcache:", err)
+		var u usageError
+		if errors.As(err, &u) {
+			os.Exit(exitUsage)
+		}
+		os.Exit(exitFailure)
+	}
+}
+
+func newVersion() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "embcache", version) },
+	}
+}

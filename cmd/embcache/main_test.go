@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/payload"
+	"go.uber.org/goleak"
+)
+
+var binary string
+
+// TestMain builds the command once; the tests run it as a user would.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "embcache-cli-test-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "embcache")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building embcache: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return o.String(), e.String(), exit.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), 0
+}
+
+func TestDemoJSON(t *testing.T) {
+	out, stderr, code := run(t, "demo", "--json", "--requests", "60", "--unique", "12", "--replicas", "2",
+		"--embed-mb", "1", "--encode-ms", "5")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	var r demoReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if r.Requests != 60 || r.UniqueInputs != 12 || r.EncoderForwards != 12 || !r.ForwardsOK ||
+		r.Baseline.EncoderForwards != 60 || r.Speedup <= 0 {
+		t.Fatalf("report %+v", r)
+	}
+	total := 0
+	for _, p := range r.Paths {
+		total += p.Count
+	}
+	if total != 120 || r.Paths["computed"].Count != 12 {
+		t.Fatalf("paths %+v: every request is answered twice (encoder, prefill)", r.Paths)
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{"demo", "--unique", "0"},
+		{"demo", "--no-such-flag"},
+		{"worker", "--role", "chef"},
+		{"key"},
+		{"invalidate", "--tenant", "a.b", "--model", "m", "--epoch", "1"},
+		{"leases", "get", "nodot"},
+	} {
+		if _, stderr, code := run(t, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)
+		}
+	}
+	if _, stderr, code := run(t, "stats", "--nats", "nats://127.0.0.1:1", "--timeout", "200ms"); code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
+		t.Errorf("stats against no server: exit %d: %s", code, stderr)
+	}
+}
+
+func TestKeyMatchesGoldenVectors(t *testing.T) {
+	raw, err := os.ReadFile("../../cachekey/testdata/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Vectors []struct {
+			Name      string          `json:"name"`
+			Mode      string          `json:"mode"`
+			Config    json.RawMessage `json:"config"`
+			InputHex  string          `json:"input_hex"`
+			DType     string          `json:"dtype"`
+			Shape     []int64         `json:"shape"`
+			Tokens    []uint32        `json:"tokens"`
+			BlockSize int             `json:"block_size"`
+			Key       string          `json:"key"`
+		} `json:"vectors"`
+	}
+	if err := json.Unmarshal(raw, &file); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for i, v := range file.Vectors {
+		cfg := filepath.Join(dir, fmt.Sprint(i, ".json"))
+		os.WriteFile(cfg, v.Config, 0o644)
+		input := filepath.Join(dir, fmt.Sprint(i, ".in"))
+		var args []string
+		switch v.Mode {
+		case "raw-bytes", "decoded-tensor":
+			b, _ := hex.DecodeString(v.InputHex)
+			os.WriteFile(input, b, 0o644)
+			if v.Mode == "raw-bytes" {
+				args = []string{"--raw", input}
+			} else {
+				shape := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(v.Shape)), ","), "[]")
+				args = []string{"--tensor", input, "--dtype", v.DType, "--shape", shape}
+			}
+		case "tokens":
+			os.WriteFile(input, []byte(strings.Trim(fmt.Sprint(v.Tokens), "[]")), 0o644)
+			args = []string{"--tokens", input, "--block-size", fmt.Sprint(v.BlockSize)}
+		}
+		out, stderr, code := run(t, append([]string{"key", "--config", cfg}, args...)...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", v.Name, code, stderr)
+		}
+		var got struct{ Key, Mode string }
+		if err := json.Unmarshal([]byte(out), &got); err != nil || got.Key != v.Key || got.Mode != v.Mode {
+			t.Fatalf("%s: %s (want key %s mode %s)", v.Name, out, v.Key, v.Mode)
+		}
+	}
+	// An invalid config: exit 2, naming the field.
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"cache_schema_version":1,"model_id":"m","modality":"image","tenant":"acme"}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "x"), []byte("x"), 0o644)
+	if _, stderr, code := run(t, "key", "--config", bad, "--raw", filepath.Join(dir, "x")); code != 2 || !strings.Contains(stderr, "model_revision") {
+		t.Fatalf("invalid config: exit %d: %s", code, stderr)
+	}
+}
+
+// TestServeAndInspect starts `embcache serve`, commits a value through the
+// library, and inspects it with leases, stats, events and invalidate.
+func TestServeAndInspect(t *testing.T) {
+	port, _ := embedded.FreePort("127.0.0.1")
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	dir := t.TempDir()
+	serve := exec.Command(binary, "serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
+		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s")
+	var serveOut bytes.Buffer
+	serve.Stdout, serve.Stderr = &serveOut, &serveOut
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		serve.Process.Signal(os.Interrupt)
+		serve.Wait()
+		if !strings.Contains(serveOut.String(), "stopped") {
+			t.Errorf("serve did not stop cleanly:\n%s", serveOut.String())
+		}
+	}()
+	nc, err := coordinator.Connect(url, coordinator.ModeDegrade)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx := context.Background()
+	var cache *coordinator.Cache
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		cache, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithEvents(0),
+			coordinator.WithNode("n1"))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never came up: %v\n%s", err, serveOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer cache.Close()
+	ref := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{1, 2, 3}, Model: "m", Epoch: 1}
+	v := payload.NewTensor(cachekey.Float32, []int64{4}, make([]byte, 16))
+	if _, err := cache.GetOrCompute(ctx, "r", ref, func(context.Context) (*payload.Value, error) { return v, nil }); err != nil {
+		t.Fatal(err)
+	}
+	cache.Release("r")
+
+	out, stderr, code := run(t, "leases", "ls", "--nats", url)
+	if code != 0 || !strings.Contains(out, ref.KVKey()) {
+		t.Fatalf("leases ls: %d %s %s", code, out, stderr)
+	}
+	out, stderr, code = run(t, "leases", "get", ref.KVKey(), "--nats", url)
+	var rec coordinator.Record
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.State != coordinator.StateCommitted || rec.Model != "m" {
+		t.Fatalf("leases get: %d %s %s", code, out, stderr)
+	}
+	out, stderr, code = run(t, "events", "tail", "--from-start", "--kind", "published", "--count", "1", "--nats", url)
+	if code != 0 || !strings.Contains(out, `"kind":"published"`) || !strings.Contains(out, ref.Key.String()) {
+		t.Fatalf("events tail: %d %s %s", code, out, stderr)
+	}
+	out, stderr, code = run(t, "stats", "--json", "--nats", url)
+	if code != 0 || !strings.Contains(out, `"live_values": 1`) {
+		t.Fatalf("stats: %d %s %s", code, out, stderr)
+	}
+	if _, stderr, code = run(t, "invalidate", "--tenant", "acme", "--model", "m", "--epoch", "1", "--nats", url); code != 0 {
+		t.Fatalf("invalidate: %d %s", code, stderr)
+	}
+	// The reconciler in serve removes the record.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if _, _, code := run(t, "leases", "get", ref.KVKey(), "--nats", url); code == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record not removed by the invalidation\n%s", serveOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out, _, _ := run(t, "version"); !strings.HasPrefix(out, "embcache ") {
+		t.Fatalf("version: %s", out)
+	}
+}
