@@ -9,7 +9,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: all build test vet test-go test-mooncake bench lint fuzz demo clean
+.PHONY: all build test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -48,6 +48,22 @@ fuzz:
 ## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).
 demo: build
 	$(BIN)/embcache demo $(DEMO_FLAGS)
+
+## image: the FROM-scratch image of the static binary (no image is pulled).
+image: build
+	docker build -q -f deploy/Dockerfile -t embcache:dev .
+
+COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+compose-up: image
+	$(COMPOSE) -p embcache -f deploy/docker-compose.yml up -d
+
+compose-down:
+	$(COMPOSE) -p embcache -f deploy/docker-compose.yml down -v --remove-orphans
+
+## compose-test: the cluster, a workload, a NATS node killed on the way.
+compose-test: build
+	scripts/compose-test.sh
 
 clean:
 	rm -rf $(BIN)

@@ -137,9 +137,7 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 		return payload.Location{}, l.endedErr()
 	}
 	rec := l.rec.committed(loc, v, time.Now(), l.c.s.storeTTL)
-	octx, cancel := l.c.opContext(ctx)
-	defer cancel()
-	rev, err := l.ls.cas(octx, l.key, l.rev, rec, l.c.s.storeTTL)
+	rev, err := l.commitLocked(ctx, rec)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			l.loseLocked(err)
@@ -153,6 +151,40 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 		l.c.s.onCommit(l.ref, rev)
 	}
 	return loc, nil
+}
+
+// commitLocked publishes the committed record on the lease's revision. A
+// transient failure (a timeout during a leader election) is retried while
+// the lease can still be alive; since a lost acknowledgement looks like a
+// failure, each retry first reads the key: our committed record there
+// means the earlier attempt landed.
+func (l *Lease) commitLocked(ctx context.Context, rec Record) (uint64, error) {
+	deadline := l.lastBeat.Add(l.c.s.leaseTTL)
+	for attempt := 0; ; attempt++ {
+		octx, cancel := l.c.opContext(ctx)
+		if attempt > 0 {
+			cur, err := l.ls.read(octx, l.key)
+			switch {
+			case err != nil:
+			case cur.live && cur.record.Nonce == rec.Nonce && cur.record.State == StateCommitted:
+				cancel()
+				return cur.rev, nil
+			case !cur.live || cur.rev != l.rev:
+				cancel()
+				return 0, fmt.Errorf("%w: %s moved past revision %d", ErrLeaseLost, l.key, l.rev)
+			}
+		}
+		rev, err := l.ls.cas(octx, l.key, l.rev, rec, l.c.s.storeTTL)
+		cancel()
+		if err == nil || errors.Is(err, ErrLeaseLost) || time.Now().After(deadline) || ctx.Err() != nil {
+			return rev, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(l.c.s.leaseTTL / 10):
+		}
+	}
 }
 
 func (l *Lease) expires() time.Time {
