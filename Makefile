@@ -9,7 +9,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: all build test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -17,8 +17,16 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/embcache ./cmd/embcache
 
+NATSCLI   := github.com/nats-io/natscli/nats@v0.5.0
+
 ## test: vet (with and without the mooncake tag) and every test under -race.
-test: vet test-go test-mooncake
+test: tools vet test-go test-mooncake
+
+## tools: the nats CLI (for the inspection test and docs/operations.md), in bin/.
+tools: $(BIN)/nats
+
+$(BIN)/nats:
+	GOBIN=$(abspath $(BIN)) $(GO) install $(NATSCLI)
 
 vet:
 	$(GO) vet $(PKGS)

@@ -182,11 +182,27 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	c.mu.Unlock()
 	if c.s.events {
 		if err := c.startEvents(context.Background()); err != nil {
-			// Sharing works without events; TTLs then are not kept in step.
-			c.s.logger.Warn("embcache: event stream unavailable", "err", err)
+			// Sharing works without events meanwhile; TTLs are not kept in step.
+			c.s.logger.Warn("embcache: event stream unavailable, retrying", "err", err)
+			c.bg.Go(c.eventsRetryLoop)
 		}
 	}
 	return nil
+}
+
+func (c *Cache) eventsRetryLoop() {
+	t := time.NewTicker(c.s.retryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		if c.startEvents(context.Background()) == nil {
+			return
+		}
+	}
 }
 
 func (c *Cache) reconnectLoop() {

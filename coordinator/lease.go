@@ -24,7 +24,7 @@ type Lease struct {
 	rec      Record // guarded by mu
 	ended    bool   // committed, abandoned or lost; guarded by mu
 	err      error  // why it was lost, or nil; guarded by mu
-	lastBeat time.Time
+	lastBeat time.Time // guarded by mu
 
 	done      chan struct{} // closed when the lease ends
 	stopBeats chan struct{} // closed (once) to stop the heartbeat goroutine
@@ -66,7 +66,10 @@ func (l *Lease) Err() error {
 
 // heartbeat renews the lease every third of its TTL with a CAS publish
 // that carries the TTL again. A refused CAS means another process has the
-// key; a lease that could not be renewed for a whole TTL has expired.
+// key (or it expired): the lease is lost. A heartbeat that fails for
+// another reason (a timeout during a leader election) is retried: the
+// revision fences every write, so holding on is safe, and giving up would
+// throw away a compute the key may still be waiting for.
 func (l *Lease) heartbeat() {
 	ttl := l.c.s.leaseTTL
 	t := time.NewTicker(ttl / 3)
@@ -92,8 +95,6 @@ func (l *Lease) heartbeat() {
 			l.rev, l.rec, l.lastBeat = rev, rec, time.Now()
 		case errors.Is(err, ErrLeaseLost):
 			l.loseLocked(err)
-		case time.Since(l.lastBeat) >= ttl:
-			l.loseLocked(fmt.Errorf("%w: no heartbeat landed for %v: %v", ErrLeaseLost, ttl, err))
 		}
 		lost := l.ended
 		l.mu.Unlock()
@@ -153,13 +154,16 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	return loc, nil
 }
 
+// commitRetryFor bounds how long a commit retries transient failures.
+const commitRetryFor = time.Minute
+
 // commitLocked publishes the committed record on the lease's revision. A
-// transient failure (a timeout during a leader election) is retried while
-// the lease can still be alive; since a lost acknowledgement looks like a
-// failure, each retry first reads the key: our committed record there
-// means the earlier attempt landed.
+// transient failure (a timeout during a leader election) is retried; the
+// revision check makes that safe. Since a lost acknowledgement looks like a
+// failure, each retry first reads the key: our committed record there means
+// the earlier attempt landed.
 func (l *Lease) commitLocked(ctx context.Context, rec Record) (uint64, error) {
-	deadline := l.lastBeat.Add(l.c.s.leaseTTL)
+	deadline := time.Now().Add(commitRetryFor)
 	for attempt := 0; ; attempt++ {
 		octx, cancel := l.c.opContext(ctx)
 		if attempt > 0 {

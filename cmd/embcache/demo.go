@@ -27,9 +27,9 @@ import (
 
 type demoConfig struct {
 	requests, unique, replicas, concurrency, encodeMS int
-	zipf, embedMB                                      float64
-	seed                                               uint64
-	json, verbose                                      bool
+	zipf, embedMB                                     float64
+	seed                                              uint64
+	json, verbose                                     bool
 }
 
 // pathStats summarises the requests one path answered.

@@ -123,5 +123,3 @@ func parseShape(s string) ([]int64, error) {
 	}
 	return dims, nil
 }
-
-

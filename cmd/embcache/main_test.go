@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,45 +162,53 @@ func TestKeyMatchesGoldenVectors(t *testing.T) {
 	}
 }
 
-// TestServeAndInspect starts `embcache serve`, commits a value through the
-// library, and inspects it with leases, stats, events and invalidate.
-func TestServeAndInspect(t *testing.T) {
+// startServe runs `embcache serve` on a free port until the test ends and
+// returns its URL and a Cache connected to it.
+func startServe(t *testing.T) (string, *coordinator.Cache, *syncBuffer) {
+	t.Helper()
 	port, _ := embedded.FreePort("127.0.0.1")
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	dir := t.TempDir()
 	serve := exec.Command(binary, "serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
 		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s")
-	var serveOut bytes.Buffer
-	serve.Stdout, serve.Stderr = &serveOut, &serveOut
+	serveOut := &syncBuffer{}
+	serve.Stdout, serve.Stderr = serveOut, serveOut
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		serve.Process.Signal(os.Interrupt)
 		serve.Wait()
 		if !strings.Contains(serveOut.String(), "stopped") {
 			t.Errorf("serve did not stop cleanly:\n%s", serveOut.String())
 		}
-	}()
+	})
 	nc, err := coordinator.Connect(url, coordinator.ModeDegrade)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	ctx := context.Background()
+	t.Cleanup(nc.Close)
 	var cache *coordinator.Cache
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		cache, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithEvents(0),
-			coordinator.WithNode("n1"))
+		cache, err = coordinator.New(context.Background(), nc, coordinator.WithMode(coordinator.ModeStrict),
+			coordinator.WithEvents(0), coordinator.WithNode("n1"))
 		if err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("serve never came up: %v\n%s", err, serveOut.String())
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling a process's startup, not ordering goroutines
 	}
-	defer cache.Close()
+	t.Cleanup(func() { cache.Close() })
+	return url, cache, serveOut
+}
+
+// TestServeAndInspect starts `embcache serve`, commits a value through the
+// library, and inspects it with leases, stats, events and invalidate.
+func TestServeAndInspect(t *testing.T) {
+	url, cache, serveOut := startServe(t)
+	ctx := context.Background()
 	ref := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{1, 2, 3}, Model: "m", Epoch: 1}
 	v := payload.NewTensor(cachekey.Float32, []int64{4}, make([]byte, 16))
 	if _, err := cache.GetOrCompute(ctx, "r", ref, func(context.Context) (*payload.Value, error) { return v, nil }); err != nil {
@@ -240,4 +249,81 @@ func TestServeAndInspect(t *testing.T) {
 	if out, _, _ := run(t, "version"); !strings.HasPrefix(out, "embcache ") {
 		t.Fatalf("version: %s", out)
 	}
+}
+
+// TestNatsCLIInspection: the real nats CLI (make tools) reads the lease
+// bucket: kv ls, kv get and kv watch show the records as JSON.
+func TestNatsCLIInspection(t *testing.T) {
+	natsCLI, _ := filepath.Abs("../../bin/nats")
+	if _, err := os.Stat(natsCLI); err != nil {
+		t.Skip("bin/nats missing: run make tools (make test does)")
+	}
+	url, cache, _ := startServe(t)
+	ctx := context.Background()
+	committed := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{0xc0}, Model: "m", Epoch: 1}
+	v := payload.NewTensor(cachekey.Float32, []int64{4}, make([]byte, 16))
+	if _, err := cache.GetOrCompute(ctx, "r", committed, func(context.Context) (*payload.Value, error) { return v, nil }); err != nil {
+		t.Fatal(err)
+	}
+	cache.Release("r")
+	computing := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{0x1e}, Model: "m", Epoch: 1}
+	lease, err := cache.Reserve(ctx, computing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Abandon(ctx, errors.New("test over"))
+
+	nats := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(natsCLI, append([]string{"--server", url}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nats %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	ls := nats("kv", "ls", coordinator.DefaultBucket)
+	if !strings.Contains(ls, committed.KVKey()) || !strings.Contains(ls, computing.KVKey()) {
+		t.Fatalf("nats kv ls:\n%s", ls)
+	}
+	for ref, state := range map[coordinator.Ref]coordinator.State{committed: coordinator.StateCommitted, computing: coordinator.StateComputing} {
+		raw := nats("kv", "get", coordinator.DefaultBucket, ref.KVKey(), "--raw")
+		rec, err := coordinator.DecodeRecord([]byte(strings.TrimSpace(raw)))
+		if err != nil || rec.State != state {
+			t.Fatalf("nats kv get %s: %v\n%s", ref.KVKey(), err, raw)
+		}
+	}
+	// kv watch runs until stopped: read what it shows for the bucket, then stop it.
+	watch := exec.Command(natsCLI, "--server", url, "kv", "watch", coordinator.DefaultBucket, committed.KVKey())
+	out := &syncBuffer{}
+	watch.Stdout, watch.Stderr = out, out
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), `"state":"committed"`) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // polling another process's output
+	}
+	watch.Process.Kill()
+	watch.Wait()
+	if !strings.Contains(out.String(), `"state":"committed"`) {
+		t.Fatalf("nats kv watch:\n%s", out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a child process writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
