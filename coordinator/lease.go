@@ -20,10 +20,10 @@ type Lease struct {
 	key string // KV key
 
 	mu       sync.Mutex
-	rev      uint64 // guarded by mu
-	rec      Record // guarded by mu
-	ended    bool   // committed, abandoned or lost; guarded by mu
-	err      error  // why it was lost, or nil; guarded by mu
+	rev      uint64    // guarded by mu
+	rec      Record    // guarded by mu
+	ended    bool      // committed, abandoned or lost; guarded by mu
+	err      error     // why it was lost, or nil; guarded by mu
 	lastBeat time.Time // guarded by mu
 
 	done      chan struct{} // closed when the lease ends

@@ -256,10 +256,13 @@ func newStats() *cobra.Command {
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), out)
 			}
-			for _, k := range []string{"bucket", "events", "live_values", "undecodable_events"} {
-				if v, ok := out[k]; ok {
-					fmt.Fprintf(cmd.OutOrStdout(), "%-19s %v\n", k, v)
-				}
+			w := cmd.OutOrStdout()
+			if b, ok := out["bucket"].(map[string]any); ok {
+				fmt.Fprintf(w, "bucket   %s: %v keys, %v bytes, %v replicas\n", b["name"], b["values"], b["bytes"], b["replicas"])
+			}
+			if e, ok := out["events"].(map[string]any); ok {
+				fmt.Fprintf(w, "events   %s: %v messages, %v bytes\n", e["stream"], e["messages"], e["bytes"])
+				fmt.Fprintf(w, "live     %v values (%v undecodable events skipped)\n", out["live_values"], out["undecodable_events"])
 			}
 			return nil
 		},
