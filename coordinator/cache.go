@@ -184,13 +184,14 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		if err := c.startEvents(context.Background()); err != nil {
 			// Sharing works without events meanwhile; TTLs are not kept in step.
 			c.s.logger.Warn("embcache: event stream unavailable, retrying", "err", err)
-			c.bg.Go(c.eventsRetryLoop)
+			c.bg.Go(func() { c.retry(func() error { return c.startEvents(context.Background()) }) })
 		}
 	}
 	return nil
 }
 
-func (c *Cache) eventsRetryLoop() {
+// retry calls fn every retry interval until it succeeds or the Cache closes.
+func (c *Cache) retry(fn func() error) {
 	t := time.NewTicker(c.s.retryInterval)
 	defer t.Stop()
 	for {
@@ -199,26 +200,20 @@ func (c *Cache) eventsRetryLoop() {
 			return
 		case <-t.C:
 		}
-		if c.startEvents(context.Background()) == nil {
+		if fn() == nil {
 			return
 		}
 	}
 }
 
 func (c *Cache) reconnectLoop() {
-	t := time.NewTicker(c.s.retryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-t.C:
-		}
-		if err := c.connectStore(context.Background()); err == nil {
+	c.retry(func() error {
+		err := c.connectStore(context.Background())
+		if err == nil {
 			c.s.logger.Info("embcache: store reachable again, sharing resumes", "servers", serverNames(c.nc))
-			return
 		}
-	}
+		return err
+	})
 }
 
 func (c *Cache) handles() (*leaseStore, *watchHub) {

@@ -50,6 +50,20 @@ func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
+// bucket connects and opens the lease bucket; close releases both.
+func (c *connFlags) bucket(ctx context.Context) (kv jetstream.KeyValue, close func(), err error) {
+	nc, js, err := c.connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	kv, err = js.KeyValue(ctx, coordinator.DefaultBucket)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("bucket %s: %w", coordinator.DefaultBucket, err)
+	}
+	return kv, nc.Close, nil
+}
+
 func newLeases() *cobra.Command {
 	var cf connFlags
 	cmd := &cobra.Command{Use: "leases", Short: "List and show lease records"}
@@ -60,17 +74,13 @@ func newLeases() *cobra.Command {
 		Short: "List lease and record keys (<tenant>.<keyhex>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, js, err := cf.connect()
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			kv, closeConn, err := cf.bucket(ctx)
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
-			if err != nil {
-				return fmt.Errorf("bucket %s: %w", coordinator.DefaultBucket, err)
-			}
+			defer closeConn()
 			filter := ">"
 			if tenant != "" {
 				if err := cachekey.ValidateTenant(tenant); err != nil {
@@ -106,17 +116,13 @@ func newLeases() *cobra.Command {
 			if _, err := cachekey.Parse(k); err != nil {
 				return usageError{err}
 			}
-			nc, js, err := cf.connect()
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
+			kv, closeConn, err := cf.bucket(ctx)
 			if err != nil {
 				return err
 			}
+			defer closeConn()
 			e, err := kv.Get(ctx, args[0])
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				return fmt.Errorf("%s: no such lease or record", args[0])
