@@ -52,6 +52,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./cachekey/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./payload/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./events/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./coordinator/
+	$(GO) test -run '^$$' -fuzz '^FuzzServePath$$' -fuzztime $(FUZZTIME) ./payload/httppull/
 
 ## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).
 demo: build

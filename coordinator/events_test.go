@@ -263,12 +263,17 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 	a := eventCache(t, srv.ClientURL(), store)
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
 	ctx := context.Background()
-	for _, garbage := range [][]byte{{0xc1}, []byte("{not msgpack"), {0x81, 0xa1, 'v', 0x07}} {
+	valid, err := events.Encode(&events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: "acme",
+		Key: ref(1).Key, Cause: events.CauseExpired, Time: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, garbage := range [][]byte{{0xc1}, []byte("{not msgpack"), {0x81, 0xa1, 'v', 0x07}, valid[:len(valid)/2]} {
 		if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+ref(1).Key.String(), garbage); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { _, bad, _ := a.EventStats(); return bad == 3 })
+	waitFor(t, func() bool { _, bad, _ := a.EventStats(); return bad == 4 })
 	var cnt counter
 	if _, path, err := a.GetOrComputePath(ctx, "r", ref(5), cnt.fn(5)); err != nil || path != PathComputed {
 		t.Fatal(path, err)

@@ -1,0 +1,188 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestBadLeaseRecordsNeverServeWrongValues writes broken records under
+// keys, then asks for them: each call returns the right value (computed
+// here, without sharing) and counts the bad record; nothing panics.
+func TestBadLeaseRecordsNeverServeWrongValues(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	c := newCache(t, srv.ClientURL(), store)
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := validCommitted()
+	bad := map[string][]byte{
+		"garbage":         []byte("\x00\xff garbage"),
+		"wrong json":      []byte(`{"v":1,"state":`),
+		"unknown version": []byte(strings.Replace(string(good.encode()), `"v":1`, `"v":9`, 1)),
+		"unknown state":   []byte(strings.Replace(string(good.encode()), `"committed"`, `"finished"`, 1)),
+		"traversal":       []byte(strings.Replace(string(good.encode()), `"object":"acme/`, `"object":"../../`, 1)),
+	}
+	var cnt counter
+	i := 40
+	for name, b := range bad {
+		i++
+		r := ref(i)
+		if _, err := kv.Put(ctx, r.KVKey(), b); err != nil {
+			t.Fatal(err)
+		}
+		v, path, err := c.GetOrComputePath(ctx, "r", r, cnt.fn(i))
+		if err != nil || path != PathDegraded {
+			t.Fatalf("%s: %v %v", name, path, err)
+		}
+		sameValue(t, v, i)
+		c.Release("r")
+	}
+	if n := c.Stats().BadRecords; n != uint64(len(bad)) {
+		t.Fatalf("bad records counted %d, want %d", n, len(bad))
+	}
+}
+
+// TestCorruptOrMissingPayloadIsRecomputed: a committed record whose
+// payload is corrupt, has the wrong size, or is gone is a miss, never a
+// served value; the key is recomputed and committed again.
+func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	writer := newCache(t, srv.ClientURL(), store)
+	ctx := context.Background()
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	kv, _ := js.KeyValue(ctx, DefaultBucket)
+	var cnt counter
+	for i, tamper := range []func(loc *payload.Location){
+		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                 // corrupt bytes (as the checksum sees them)
+		func(loc *payload.Location) { loc.Size += 64 },                                       // wrong size
+		func(loc *payload.Location) { store.Delete(ctx, *loc) },                              // payload gone
+		func(loc *payload.Location) { loc.Object = ref(99).Object().String(); loc.Size = 64 }, // another object
+	} {
+		k := 60 + i
+		r := ref(k)
+		if _, err := writer.GetOrCompute(ctx, "w", r, cnt.fn(k)); err != nil {
+			t.Fatal(err)
+		}
+		writer.Release("w")
+		// Rewrite the committed record with a tampered location.
+		cur := readRecord(t, writer, r)
+		rec := cur.record
+		loc := *rec.Location
+		tamper(&loc)
+		rec.Location, rec.Size, rec.Checksum = &loc, loc.Size, loc.Checksum.String()
+		if _, err := kv.Update(ctx, r.KVKey(), rec.encode(), cur.rev); err != nil {
+			t.Fatal(err)
+		}
+		reader := newCache(t, srv.ClientURL(), store)
+		v, path, err := reader.GetOrComputePath(ctx, "r", r, cnt.fn(k))
+		if err != nil || path != PathComputed {
+			t.Fatalf("tamper %d: %v %v", i, path, err)
+		}
+		sameValue(t, v, k)
+		if reader.Stats().PayloadErrors != 1 {
+			t.Fatalf("tamper %d: payload errors %d", i, reader.Stats().PayloadErrors)
+		}
+		genuine, _ := payload.Sum(embedding(k))
+		after := readRecord(t, reader, r)
+		if !after.live || after.record.State != StateCommitted || after.record.Location.Checksum != genuine {
+			t.Fatalf("tamper %d: the key was not committed again with the genuine value", i)
+		}
+	}
+}
+
+// TestKeysWithSubjectCharactersAreRefused: a tenant with '.', '*', '>' or
+// a space is refused at every entry point, before it can reach a subject.
+func TestKeysWithSubjectCharactersAreRefused(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	c := newCache(t, srv.ClientURL(), store, WithEvents(0))
+	ctx := context.Background()
+	var cnt counter
+	for _, tenant := range []string{"a.b", "*", ">", "a b", "", "acme.>", "x\n"} {
+		r := ref(1)
+		r.Tenant = tenant
+		if _, err := c.GetOrCompute(ctx, "r", r, cnt.fn(1)); !errors.Is(err, cachekey.ErrInvalidConfig) {
+			t.Errorf("GetOrCompute(%q): %v", tenant, err)
+		}
+		if _, err := c.Reserve(ctx, r); !errors.Is(err, cachekey.ErrInvalidConfig) {
+			t.Errorf("Reserve(%q): %v", tenant, err)
+		}
+		if err := c.Invalidate(ctx, tenant, "m", 1); err == nil {
+			t.Errorf("Invalidate(%q) accepted", tenant)
+		}
+		if _, err := payload.ParseObjectID(tenant + "/" + r.Key.String()); !errors.Is(err, payload.ErrInvalidLocation) {
+			t.Errorf("ParseObjectID(%q): %v", tenant, err)
+		}
+	}
+	for _, s := range []string{"a.b", "*", ">", " ", strings.Repeat("g", 64), strings.Repeat("A", 64)} {
+		if _, err := cachekey.Parse(s); !errors.Is(err, cachekey.ErrMalformedKey) {
+			t.Errorf("cachekey.Parse(%q): %v", s, err)
+		}
+	}
+	if cnt.n[1].Load() != 0 {
+		t.Fatal("a refused request computed")
+	}
+}
+
+// TestOversizedAndFullStores: a value over the local budget is refused
+// with an error; a payload store that is full leaves the value uncommitted
+// but still correct; a KV bucket that is full degrades (or, strict, errors).
+func TestOversizedAndFullStores(t *testing.T) {
+	srv := startServer(t)
+	ctx := context.Background()
+	var cnt counter
+
+	small := newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0),
+		WithLocalCache(localcache.WithMaxBytes(1024)))
+	if _, err := small.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); !errors.Is(err, localcache.ErrTooLarge) {
+		t.Fatalf("oversized value: %v", err)
+	}
+
+	full := payload.NewMemoryStore("test-node", 100) // smaller than any value
+	c := newCache(t, srv.ClientURL(), full)
+	v, path, err := c.GetOrComputePath(ctx, "r", ref(2), cnt.fn(2))
+	if err != nil || path != PathComputed {
+		t.Fatalf("full payload store: %v %v", path, err)
+	}
+	sameValue(t, v, 2)
+	if readRecord(t, c, ref(2)).live {
+		t.Fatal("a value whose payload could not be written was committed")
+	}
+
+	// A lease bucket that cannot take another record.
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "TINY", MaxBytes: 600, Storage: jetstream.FileStorage,
+		LimitMarkerTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	degrade := newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0), WithBucket("TINY"))
+	strict := newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0), WithBucket("TINY"), WithMode(ModeStrict))
+	sawDegrade := false
+	for k := 10; k < 20; k++ {
+		v, path, err := degrade.GetOrComputePath(ctx, "r", ref(k), cnt.fn(k))
+		if err != nil {
+			t.Fatalf("degrade with a full bucket: %v", err)
+		}
+		sameValue(t, v, k)
+		sawDegrade = sawDegrade || path == PathDegraded
+	}
+	if !sawDegrade {
+		t.Fatal("the bucket never filled")
+	}
+	if _, err := strict.GetOrCompute(ctx, "r", ref(30), cnt.fn(30)); !errors.Is(err, ErrStoreUnavailable) {
+		t.Fatalf("strict with a full bucket: %v", err)
+	}
+}

@@ -1,0 +1,80 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/payload"
+)
+
+func validCommitted() Record {
+	loc := payload.Location{Transport: "shm", Node: "n", Address: "/dev/shm/embcache",
+		Object: ref(1).Object().String(), Size: 4160, Checksum: payload.Checksum{9}}
+	now := time.Unix(1_800_000_000, 0).UTC()
+	r := Record{V: RecordVersion, State: StateComputing, Owner: "n/1/ab", Nonce: "cd", Started: now, Heartbeat: now}
+	return r.committed(loc, embedding(1), now, time.Hour)
+}
+
+func TestDecodeRecordRefusesBadRecords(t *testing.T) {
+	good := validCommitted()
+	if _, err := DecodeRecord(good.encode()); err != nil {
+		t.Fatalf("a valid record: %v", err)
+	}
+	edit := func(f func(m map[string]any)) []byte {
+		var m map[string]any
+		json.Unmarshal(good.encode(), &m)
+		f(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"empty":              nil,
+		"not json":           []byte("committed"),
+		"truncated":          good.encode()[:40],
+		"array":              []byte("[1,2]"),
+		"unknown version":    edit(func(m map[string]any) { m["v"] = 2 }),
+		"no version":         edit(func(m map[string]any) { delete(m, "v") }),
+		"unknown state":      edit(func(m map[string]any) { m["state"] = "done" }),
+		"no state":           edit(func(m map[string]any) { delete(m, "state") }),
+		"no owner":           edit(func(m map[string]any) { m["owner"] = "" }),
+		"no location":        edit(func(m map[string]any) { delete(m, "location") }),
+		"computing+location": edit(func(m map[string]any) { m["state"] = "computing" }),
+		"size disagrees":     edit(func(m map[string]any) { m["size"] = 1 }),
+		"checksum disagrees": edit(func(m map[string]any) { m["checksum"] = "00" }),
+		"traversal object": edit(func(m map[string]any) {
+			m["location"].(map[string]any)["object"] = "../../etc/passwd"
+		}),
+		"bad transport": edit(func(m map[string]any) { m["location"].(map[string]any)["transport"] = "ftp" }),
+		"wrong types":   edit(func(m map[string]any) { m["size"] = "big" }),
+	} {
+		if _, err := DecodeRecord(b); !errors.Is(err, ErrBadRecord) {
+			t.Errorf("%s: %v, want ErrBadRecord", name, err)
+		}
+	}
+}
+
+// FuzzDecodeRecord: any bytes decode to a record that satisfies the
+// protocol's rules or fail with ErrBadRecord; never a panic.
+func FuzzDecodeRecord(f *testing.F) {
+	good := validCommitted()
+	f.Add(good.encode())
+	computing := good
+	computing.State, computing.Location = StateComputing, nil
+	f.Add(computing.encode())
+	f.Add([]byte(`{"v":1,"state":"committed","owner":"x","location":{"transport":"shm","object":"a/b","size":64}}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRecord(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadRecord) {
+				t.Fatalf("%v is not ErrBadRecord", err)
+			}
+			return
+		}
+		if r.State == StateCommitted && (r.Location == nil || r.Location.Validate() != nil) {
+			t.Fatal("a committed record without a valid location decoded")
+		}
+	})
+}
