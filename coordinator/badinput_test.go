@@ -66,9 +66,9 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 	kv, _ := js.KeyValue(ctx, DefaultBucket)
 	var cnt counter
 	for i, tamper := range []func(loc *payload.Location){
-		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                 // corrupt bytes (as the checksum sees them)
-		func(loc *payload.Location) { loc.Size += 64 },                                       // wrong size
-		func(loc *payload.Location) { store.Delete(ctx, *loc) },                              // payload gone
+		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                  // corrupt bytes (as the checksum sees them)
+		func(loc *payload.Location) { loc.Size += 64 },                                        // wrong size
+		func(loc *payload.Location) { store.Delete(ctx, *loc) },                               // payload gone
 		func(loc *payload.Location) { loc.Object = ref(99).Object().String(); loc.Size = 64 }, // another object
 	} {
 		k := 60 + i

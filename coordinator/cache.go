@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +71,7 @@ type Cache struct {
 
 	mu     sync.Mutex
 	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
-	hub    *watchHub           // guarded by mu
+	hub    *watchSet           // guarded by mu
 	leases map[*Lease]struct{} // live leases; guarded by mu
 	events *eventLink          // nil unless WithEvents and the stream is reachable; guarded by mu
 	closed bool                // guarded by mu
@@ -168,7 +169,8 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	hub, err := startWatchHub(c.nc, ls.kv)
+	ls.direct = len(c.s.tenants) > 0
+	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants)
 	if err != nil {
 		return err
 	}
@@ -216,7 +218,7 @@ func (c *Cache) reconnectLoop() {
 	})
 }
 
-func (c *Cache) handles() (*leaseStore, *watchHub) {
+func (c *Cache) handles() (*leaseStore, *watchSet) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ls, c.hub
@@ -254,7 +256,7 @@ func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn Co
 }
 
 func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
-	if err := ref.validate(); err != nil {
+	if err := c.validate(ref); err != nil {
 		return nil, 0, err
 	}
 	obj := ref.Object()
@@ -457,7 +459,7 @@ func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*pay
 // Commits or Abandons. ErrHeld means another process holds or has
 // committed the key; ErrStoreUnavailable that the store cannot be reached.
 func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Lease, error) {
-	if err := ref.validate(); err != nil {
+	if err := c.validate(ref); err != nil {
 		return nil, err
 	}
 	ls, _ := c.handles()
@@ -489,6 +491,17 @@ func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, e
 	l := newLease(c, ls, ref, key, rev, rec)
 	c.leases[l] = struct{}{}
 	return l, nil
+}
+
+// validate checks ref, and that this Cache serves its tenant.
+func (c *Cache) validate(ref Ref) error {
+	if err := ref.validate(); err != nil {
+		return err
+	}
+	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, ref.Tenant) {
+		return fmt.Errorf("%w: %q", ErrTenant, ref.Tenant)
+	}
+	return nil
 }
 
 func (c *Cache) forget(l *Lease) {
@@ -540,6 +553,9 @@ func (c *Cache) Close() error {
 // invalidated event reaches them, and the reconciler removes the records
 // and payloads. It needs the event stream (WithEvents).
 func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
+	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, tenant) {
+		return fmt.Errorf("%w: %q", ErrTenant, tenant)
+	}
 	l := c.eventLink()
 	if l == nil {
 		return fmt.Errorf("%w: invalidation needs the event stream", ErrStoreUnavailable)

@@ -21,6 +21,9 @@ var (
 	ErrNoTransport = errors.New("coordinator: no transport for location")
 	// ErrInvalidOption is returned by New for an option out of range.
 	ErrInvalidOption = errors.New("coordinator: invalid option")
+	// ErrTenant is returned for a key of a tenant the Cache does not serve
+	// (see WithTenants).
+	ErrTenant = errors.New("coordinator: tenant not served by this cache")
 	// ErrClosed is returned by calls on a closed Cache.
 	ErrClosed = errors.New("coordinator: cache closed")
 )

@@ -40,11 +40,18 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
 		meta: make(map[payload.ObjectID]*valueMeta)}
-	sub, err := events.Subscribe(ctx, c.js, events.SubscribeOptions{
+	opts := events.SubscribeOptions{
 		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated, events.KindTouched},
 		New:    true,
 		Logger: c.s.logger,
-	}, l.apply)
+	}
+	if len(c.s.tenants) > 0 {
+		// One filter per tenant, all kinds: a consumer whose filter is in its
+		// create subject, which per-tenant permissions can allow (apply
+		// ignores the kinds it does not follow).
+		opts.Tenants, opts.Kinds = c.s.tenants, nil
+	}
+	sub, err := events.Subscribe(ctx, c.js, opts, l.apply)
 	if err != nil {
 		l.pub.Close(ctx)
 		return err

@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
@@ -56,6 +57,7 @@ type settings struct {
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
+	tenants        []string // served tenants; nil: all (then the user needs bucket-wide permissions)
 	events         bool
 	touchInterval  time.Duration
 	eventReplicas  int
@@ -221,6 +223,25 @@ func WithEvents(touchInterval time.Duration) Option {
 			return fmt.Errorf("%w: touch interval %v", ErrInvalidOption, touchInterval)
 		}
 		s.events, s.touchInterval = true, touchInterval
+		return nil
+	}
+}
+
+// WithTenants restricts the Cache to these tenants, so that it works
+// under NATS credentials that allow only their subjects (docs/operations.md,
+// "Tenant isolation"): it watches and subscribes per tenant, reads records
+// with direct gets by subject, and refuses other tenants' keys.
+func WithTenants(tenants ...string) Option {
+	return func(s *settings) error {
+		if len(tenants) == 0 {
+			return fmt.Errorf("%w: no tenants", ErrInvalidOption)
+		}
+		for _, t := range tenants {
+			if err := cachekey.ValidateTenant(t); err != nil {
+				return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+			}
+		}
+		s.tenants = append([]string(nil), tenants...)
 		return nil
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,6 +24,10 @@ type leaseStore struct {
 	kv        jetstream.KeyValue
 	bucket    string
 	markerTTL time.Duration
+	// direct reads with a direct get by subject, which per-tenant
+	// permissions can allow; any replica may answer it, so it can lag (the
+	// protocol stays correct: every decision is a revision-checked write).
+	direct bool
 }
 
 func ensureBucket(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, bucket string, replicas int, markerTTL time.Duration) (*leaseStore, error) {
@@ -98,6 +103,9 @@ type current struct {
 // be answered by a follower that lags (a few percent of reads on R3), and
 // the protocol decides on what is current.
 func (s *leaseStore) read(ctx context.Context, key string) (current, error) {
+	if s.direct {
+		return s.readDirect(ctx, key)
+	}
 	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + s.bucket + "." + key})
 	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+s.bucket, req)
 	if err != nil {
@@ -134,6 +142,36 @@ func (s *leaseStore) read(ctx context.Context, key string) (current, error) {
 		}
 	}
 	rec, err := DecodeRecord(body.Message.Data)
+	if err != nil {
+		return c, err
+	}
+	c.live, c.record = true, rec
+	return c, nil
+}
+
+// readDirect reads the key's last message with
+// $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>.
+func (s *leaseStore) readDirect(ctx context.Context, key string) (current, error) {
+	subject := "$KV." + s.bucket + "." + key
+	resp, err := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+s.bucket+"."+subject, nil)
+	if err != nil {
+		return current{}, err
+	}
+	if status := resp.Header.Get("Status"); status != "" {
+		if status == "404" {
+			return current{}, nil
+		}
+		return current{}, fmt.Errorf("coordinator: direct get %s: status %s %s", key, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get("Nats-Sequence"), 10, 64)
+	if err != nil {
+		return current{}, fmt.Errorf("coordinator: direct get %s: bad sequence: %w", key, err)
+	}
+	c := current{rev: seq}
+	if resp.Header.Get("KV-Operation") != "" || resp.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return c, nil
+	}
+	rec, err := DecodeRecord(resp.Data)
 	if err != nil {
 		return c, err
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -21,11 +22,19 @@ type watchHub struct {
 	done    chan struct{}
 }
 
-// startWatchHub starts the watcher. Its subscription lives as long as the
-// context it is created with, so it gets one of its own, ended by close.
-func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue) (*watchHub, error) {
+// startWatchHub starts the watcher: of the whole bucket, or of one
+// tenant's keys (filter "<tenant>.>"), which needs only that tenant's
+// permissions. Its subscription lives as long as the context it is created
+// with, so it gets one of its own, ended by close.
+func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string) (*watchHub, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	var w jetstream.KeyWatcher
+	var err error
+	if filter == "" {
+		w, err = kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	} else {
+		w, err = kv.Watch(ctx, filter, jetstream.UpdatesOnly())
+	}
 	if err != nil {
 		cancel()
 		return nil, err
@@ -104,4 +113,46 @@ func (h *watchHub) close() {
 	h.stop()
 	h.cancel()
 	<-h.done
+}
+
+// watchSet is the watchers of a Cache: one for the whole bucket, or one
+// per served tenant.
+type watchSet struct {
+	hubs map[string]*watchHub // by tenant; "" is the whole bucket
+}
+
+func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string) (*watchSet, error) {
+	ws := &watchSet{hubs: map[string]*watchHub{}}
+	if len(tenants) == 0 {
+		tenants = []string{""}
+	}
+	for _, t := range tenants {
+		filter := ""
+		if t != "" {
+			filter = t + ".>"
+		}
+		h, err := startWatchHub(nc, kv, filter)
+		if err != nil {
+			ws.close()
+			return nil, err
+		}
+		ws.hubs[t] = h
+	}
+	return ws, nil
+}
+
+// subscribe is watchHub.subscribe on the hub that sees key.
+func (ws *watchSet) subscribe(key string) (<-chan jetstream.KeyValueEntry, func()) {
+	h := ws.hubs[""]
+	if h == nil {
+		tenant, _, _ := strings.Cut(key, ".")
+		h = ws.hubs[tenant]
+	}
+	return h.subscribe(key)
+}
+
+func (ws *watchSet) close() {
+	for _, h := range ws.hubs {
+		h.close()
+	}
 }

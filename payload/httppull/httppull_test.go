@@ -128,6 +128,34 @@ func TestWrongTokenGets401AndNothingElse(t *testing.T) {
 	}
 }
 
+// TestTenantTokens: a tenant's token pulls that tenant's objects and gets
+// 401, and nothing else, for any other tenant's.
+func TestTenantTokens(t *testing.T) {
+	ctx := context.Background()
+	store := payload.NewMemoryStore("a", 0)
+	srv := httptest.NewServer(NewServer(store, WithTenantToken("acme", "acme-token"), WithTenantToken("beta", "beta-token")))
+	defer srv.Close()
+	acmeObj := payload.ObjectID{Tenant: "acme", Key: cachekey.Key{1}}
+	betaObj := payload.ObjectID{Tenant: "beta", Key: cachekey.Key{2}}
+	owner, _ := NewTransport("a", srv.URL, store)
+	acmeLoc, _ := owner.Put(ctx, acmeObj, value(100))
+	betaLoc, _ := owner.Put(ctx, betaObj, value(100))
+	acme, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("acme-token"))
+	if _, err := acme.Get(ctx, acmeLoc); err != nil {
+		t.Fatalf("acme pulling its own object: %v", err)
+	}
+	if _, err := acme.Get(ctx, betaLoc); !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("acme pulling beta's object: %v", err)
+	}
+	beta, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("beta-token"))
+	if _, err := beta.Get(ctx, acmeLoc); !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("beta pulling acme's object: %v", err)
+	}
+	srv.Client().CloseIdleConnections()
+	acme.client.CloseIdleConnections()
+	beta.client.CloseIdleConnections()
+}
+
 func TestMalformedAndTraversalPaths(t *testing.T) {
 	a := newNode(t, "a", false, "")
 	loc, _ := a.transport.Put(context.Background(), testObj, value(100))

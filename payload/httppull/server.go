@@ -29,9 +29,10 @@ type Source interface {
 
 // Server serves the objects of a Source. It is an http.Handler.
 type Server struct {
-	src    Source
-	token  string
-	logger *slog.Logger
+	src          Source
+	token        string
+	tenantTokens map[string]string // token -> the one tenant it may pull
+	logger       *slog.Logger
 }
 
 // ServerOption configures a Server.
@@ -39,6 +40,18 @@ type ServerOption func(*Server)
 
 // WithServerToken requires "Authorization: Bearer <token>" on every request.
 func WithServerToken(token string) ServerOption { return func(s *Server) { s.token = token } }
+
+// WithTenantToken adds a bearer token that may pull only tenant's objects:
+// with it, any other object is 401 as if the token were wrong. It turns
+// authentication on, like WithServerToken.
+func WithTenantToken(tenant, token string) ServerOption {
+	return func(s *Server) {
+		if s.tenantTokens == nil {
+			s.tenantTokens = map[string]string{}
+		}
+		s.tenantTokens[token] = tenant
+	}
+}
 
 // WithLogger sets where the server logs failures (default: slog.Default()).
 func WithLogger(l *slog.Logger) ServerOption { return func(s *Server) { s.logger = l } }
@@ -54,7 +67,7 @@ func NewServer(src Source, opts ...ServerOption) *Server {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.token != "" && !s.authorized(r) {
+	if (s.token != "" || s.tenantTokens != nil) && !s.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="embcache"`)
 		w.WriteHeader(http.StatusUnauthorized)
 		return
@@ -103,5 +116,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) authorized(r *http.Request) bool {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1
+	if !ok {
+		return false
+	}
+	if s.token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.token)) == 1 {
+		return true
+	}
+	for token, tenant := range s.tenantTokens {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+			rest, _ := strings.CutPrefix(r.URL.EscapedPath(), PathPrefix)
+			obj, err := payload.ParseObjectID(rest)
+			return err == nil && obj.Tenant == tenant
+		}
+	}
+	return false
 }

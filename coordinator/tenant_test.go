@@ -1,0 +1,170 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TenantPermissions is the permission layout of docs/operations.md for a
+// tenant's workers: their own lease keys and events, direct gets and
+// consumers filtered to them, stream info, and replies on their own inbox
+// prefix (_INBOX_<tenant>, set with nats.CustomInboxPrefix).
+func TenantPermissions(tenant string) *server.Permissions {
+	kv := "$KV." + DefaultBucket + "." + tenant + ".>"
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{
+			kv,
+			"embcache.ev." + tenant + ".>",
+			"$JS.API.DIRECT.GET.KV_" + DefaultBucket + "." + kv,
+			"$JS.API.CONSUMER.CREATE.KV_" + DefaultBucket + ".*." + kv,
+			"$JS.API.CONSUMER.CREATE." + events.StreamName + ".*.embcache.ev." + tenant + ".>",
+			"$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.DELETE.*.*",
+			"$JS.API.STREAM.INFO.KV_" + DefaultBucket, "$JS.API.STREAM.INFO." + events.StreamName,
+			"$JS.FC.>",
+		}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>"}},
+	}
+}
+
+// TestTenantIsolation: with the layout above, tenant acme's workers share
+// values among themselves, and acme's credentials can neither read nor
+// write beta's leases, events or payloads.
+func TestTenantIsolation(t *testing.T) {
+	users := []*server.User{
+		{Username: "admin", Password: "admin"},
+		{Username: "acme", Password: "acme", Permissions: TenantPermissions("acme")},
+		{Username: "beta", Password: "beta", Permissions: TenantPermissions("beta")},
+	}
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Configure: func(o *server.Options) error {
+		o.Users = users
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	url := srv.ClientURL()
+	dial := func(user string) *nats.Conn {
+		t.Helper()
+		opts := []nats.Option{nats.UserInfo(user, user), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
+		if user != "admin" {
+			opts = append(opts, nats.CustomInboxPrefix("_INBOX_"+user))
+		}
+		nc, err := Connect(url, ModeStrict, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ctx := context.Background()
+	// The operator creates the bucket and the stream, and runs the reconciler.
+	admin, err := New(ctx, dial("admin"), WithEvents(0), WithNode("test-node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+
+	store := payload.NewMemoryStore("test-node", 0)
+	tenantCache := func(user string) *Cache {
+		c, err := New(ctx, dial(user), WithMode(ModeStrict), WithTenants(user), WithEvents(0),
+			WithTransport(payload.TransportMemory, store), WithNode("test-node"), WithOpTimeout(time.Second))
+		if err != nil {
+			t.Fatalf("%s: %v", user, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a1, a2, b1 := tenantCache("acme"), tenantCache("acme"), tenantCache("beta")
+	for _, c := range []*Cache{a1, a2, b1} {
+		if _, _, ok := c.EventStats(); !ok {
+			t.Fatal("a tenant's cache has no event stream under the tenant permissions")
+		}
+	}
+	var cnt counter
+	acmeRef, betaRef := ref(1), ref(2)
+	acmeRef.Tenant, betaRef.Tenant = "acme", "beta"
+	if _, path, err := a1.GetOrComputePath(ctx, "r", acmeRef, cnt.fn(1)); err != nil || path != PathComputed {
+		t.Fatalf("acme computes: %v %v", path, err)
+	}
+	if _, path, err := a2.GetOrComputePath(ctx, "r", acmeRef, cnt.fn(1)); err != nil || path != PathRemoteHit {
+		t.Fatalf("acme shares: %v %v", path, err)
+	}
+	if _, path, err := b1.GetOrComputePath(ctx, "r", betaRef, cnt.fn(2)); err != nil || path != PathComputed {
+		t.Fatalf("beta computes: %v %v", path, err)
+	}
+	if _, err := a1.GetOrCompute(ctx, "r", betaRef, cnt.fn(2)); !errors.Is(err, ErrTenant) {
+		t.Fatalf("acme's cache asked for beta's key: %v", err)
+	}
+
+	// Raw attempts with acme's credentials on beta's subjects.
+	nc := dial("acme")
+	js, _ := jetstream.New(nc)
+	// Each attempt gets its own deadline: a denied request is never answered.
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	betaSubject := "$KV." + DefaultBucket + "." + betaRef.KVKey()
+	if _, err := js.Publish(short(), betaSubject, []byte(`{"v":1}`)); err == nil {
+		t.Fatal("acme wrote beta's lease key")
+	}
+	if _, err := nc.RequestWithContext(short(), "$JS.API.DIRECT.GET.KV_"+DefaultBucket+"."+betaSubject, nil); err == nil {
+		t.Fatal("acme read beta's lease record")
+	}
+	if _, err := nc.RequestWithContext(short(), "$JS.API.STREAM.MSG.GET.KV_"+DefaultBucket,
+		[]byte(`{"last_by_subj":"`+betaSubject+`"}`)); err == nil {
+		t.Fatal("acme read beta's lease record through MSG.GET")
+	}
+	kv, err := js.KeyValue(ctx, DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(short(), betaRef.KVKey()); err == nil {
+		t.Fatal("acme read beta's key through the KV API")
+	}
+	if w, err := kv.Watch(short(), "beta.>"); err == nil {
+		select {
+		case e := <-w.Updates():
+			if e != nil {
+				t.Fatalf("acme watched beta's key %s", e.Key())
+			}
+		case <-time.After(500 * time.Millisecond):
+		}
+		w.Stop()
+	}
+	if _, err := js.Publish(short(), "embcache.ev.beta.published."+betaRef.Key.String(), []byte("x")); err == nil {
+		t.Fatal("acme published a beta event")
+	}
+	if _, err := js.OrderedConsumer(short(), events.StreamName, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"embcache.ev.beta.>"}}); err == nil {
+		// Creation is lazy for ordered consumers: fetching must fail.
+		cons, _ := js.OrderedConsumer(short(), events.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"embcache.ev.beta.>"}})
+		if msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond)); err == nil {
+			for m := range msgs.Messages() {
+				t.Fatalf("acme read beta's event %s", m.Subject())
+			}
+		}
+	}
+	if err := nc.Publish("_INBOX_beta.x", nil); err != nil && !strings.Contains(err.Error(), "permission") {
+		t.Log(err)
+	}
+	if sub, err := nc.SubscribeSync("_INBOX_beta.>"); err == nil {
+		nc.Flush()
+		if err := nc.LastError(); err == nil || !strings.Contains(err.Error(), "Permissions Violation") {
+			t.Fatalf("acme subscribed to beta's inbox: %v", err)
+		}
+		sub.Unsubscribe()
+	}
+}
