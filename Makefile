@@ -9,7 +9,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -39,6 +39,11 @@ test-go:
 # libmooncake_store with gcc (on every machine of this project's kind).
 test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/...
+
+## test-faults: 200 seeded fault schedules (make test runs 20); FAULT_SCHEDULES=N to change.
+FAULT_SCHEDULES ?= 200
+test-faults:
+	$(GO) test -race -count=1 -timeout 90m -run '^TestFaults$$' ./integration/ -faults.schedules $(FAULT_SCHEDULES) -v | grep -E '^(fault schedules|--- |ok|FAIL)|faults_test'
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/

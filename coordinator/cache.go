@@ -490,6 +490,9 @@ func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, e
 	}
 	l := newLease(c, ls, ref, key, rev, rec)
 	c.leases[l] = struct{}{}
+	if o := c.s.observer; o != nil {
+		o.Reserved(ref, rev)
+	}
 	return l, nil
 }
 

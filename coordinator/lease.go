@@ -125,6 +125,9 @@ func (l *Lease) endLocked() {
 // just not the cluster's copy.
 func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
 	if err := l.check(); err != nil {
+		if o := l.c.s.observer; o != nil {
+			o.Refused(l.ref, l.Revision(), err)
+		}
 		return payload.Location{}, err
 	}
 	// The write can be long: heartbeats go on while it runs.
@@ -143,6 +146,9 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 		if errors.Is(err, ErrLeaseLost) {
 			l.loseLocked(err)
 			l.c.stats.commitsRefused.Add(1)
+			if o := l.c.s.observer; o != nil {
+				o.Refused(l.ref, l.rev, err)
+			}
 		}
 		return payload.Location{}, err
 	}
@@ -150,6 +156,9 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	l.endLocked()
 	if l.c.s.onCommit != nil {
 		l.c.s.onCommit(l.ref, rev)
+	}
+	if o := l.c.s.observer; o != nil {
+		o.Committed(l.ref, rev, loc.Checksum)
 	}
 	return loc, nil
 }

@@ -62,6 +62,21 @@ type settings struct {
 	touchInterval  time.Duration
 	eventReplicas  int
 	onCommit       func(Ref, uint64) // test hook: a commit landed at this revision
+	observer       Observer
+}
+
+// Observer hears of every lease decision this Cache makes, with its
+// fencing token: for audits, and for the fault-injection checker.
+// Its methods are called synchronously: keep them fast.
+type Observer interface {
+	Reserved(ref Ref, rev uint64)
+	Committed(ref Ref, rev uint64, sum payload.Checksum)
+	Refused(ref Ref, rev uint64, err error)
+}
+
+// WithObserver registers an Observer.
+func WithObserver(o Observer) Option {
+	return func(s *settings) error { s.observer = o; return nil }
 }
 
 func defaults() settings {

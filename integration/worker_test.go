@@ -23,6 +23,7 @@ const (
 	modeBurst = "burst" // G goroutines get-or-compute keys 0..K-1; prints one result line per key
 	modeHold  = "hold"  // reserve key 0 through GetOrCompute; fn blocks until stdin says "finish"
 	modeGet   = "get"   // get-or-compute key 0 once; print the result line
+	modeFault = "fault" // the fault-injection workload: a history on stdout (faults_test.go)
 )
 
 // result is what a worker prints per key, one JSON object a line.
@@ -65,6 +66,9 @@ func sum(v *payload.Value) string {
 // runWorker is main() of a worker process. It reports computes by
 // appending "<key>\n" to EMBCACHE_COMPUTES (O_APPEND: atomic per line).
 func runWorker(mode string) int {
+	if mode == modeFault {
+		return runFaultWorker()
+	}
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) int {
 		out.Encode(result{Key: -1, Err: err.Error()})
