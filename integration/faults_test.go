@@ -74,7 +74,9 @@ func keyOf(r coordinator.Ref) int {
 	return n - 1000
 }
 
-func (h *histWriter) Reserved(r coordinator.Ref, rev uint64) { h.emit("reserved", keyOf(r), rev, true, "") }
+func (h *histWriter) Reserved(r coordinator.Ref, rev uint64) {
+	h.emit("reserved", keyOf(r), rev, true, "")
+}
 func (h *histWriter) Committed(r coordinator.Ref, rev uint64, _ payload.Checksum) {
 	h.emit("committed", keyOf(r), rev, true, "")
 }
@@ -370,7 +372,7 @@ func runSchedule(t *testing.T, seed uint64) faultStats {
 		if h.Ev != "compute-start" {
 			continue
 		}
-		end := int64(1<<62)
+		end := int64(1 << 62)
 		for _, e := range all {
 			if e.W == h.W && e.Key == h.Key && e.Ev == "compute-end" && e.T >= h.T {
 				end = e.T + int64(3*time.Second)
