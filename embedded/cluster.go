@@ -20,10 +20,27 @@ type Cluster struct {
 
 // StartCluster starts n nodes (n >= 1) with stores under dir/<name> and
 // waits until JetStream has a meta leader, so streams can be created.
+// configure, if set, edits each node's options before it starts. A port
+// picked free can be taken by another process before the node binds it;
+// then the whole start is retried on fresh ports (configure runs again).
 func StartCluster(ctx context.Context, n int, dir string, configure func(i int, o *Options)) (*Cluster, error) {
 	if n < 1 {
 		return nil, errors.New("embedded: a cluster needs at least one node")
 	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var c *Cluster
+		if c, err = startCluster(ctx, n, filepath.Join(dir, "attempt"+strconv.Itoa(attempt)), configure); err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+func startCluster(ctx context.Context, n int, dir string, configure func(i int, o *Options)) (*Cluster, error) {
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	for i := range n {
 		var err error

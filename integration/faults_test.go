@@ -305,7 +305,13 @@ func runSchedule(t *testing.T, seed uint64) faultStats {
 			}
 			node.Shutdown()
 			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
-			if err := node.Restart(); err != nil {
+			var err error
+			for range 3 { // its port may be briefly taken; the store is what matters
+				if err = node.Restart(); err == nil {
+					break
+				}
+			}
+			if err != nil {
 				t.Fatalf("seed %d: restart %s: %v", seed, node.Name(), err)
 			}
 			st.faults["stop-node"]++
