@@ -155,9 +155,21 @@ func Encode(e *Event) ([]byte, error) {
 	return msgpack.Marshal(e)
 }
 
+// MaxEventSize bounds an event body; real ones are a few hundred bytes.
+const MaxEventSize = 64 << 10
+
 // Decode parses and validates a body. The error wraps ErrBadEvent.
-func Decode(b []byte) (Event, error) {
-	var e Event
+func Decode(b []byte) (e Event, err error) {
+	if len(b) > MaxEventSize {
+		return Event{}, fmt.Errorf("%w: %d bytes, at most %d", ErrBadEvent, len(b), MaxEventSize)
+	}
+	// msgpack/v5 panics on some malformed input (a nil where a struct
+	// belongs: found by FuzzDecode, testdata/fuzz): that is bad input too.
+	defer func() {
+		if r := recover(); r != nil {
+			e, err = Event{}, fmt.Errorf("%w: %v", ErrBadEvent, r)
+		}
+	}()
 	if err := msgpack.Unmarshal(b, &e); err != nil {
 		return Event{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
 	}
