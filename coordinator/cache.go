@@ -311,7 +311,12 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			unsubscribe()
 			lease, err := c.reserve(ctx, ls, ref)
 			if errors.Is(err, ErrHeld) {
-				continue // someone got there first: read what they wrote
+				// Someone got there first: read what they wrote. A read that
+				// lags (a follower's direct get) could make this spin; back off.
+				if err := sleepCtx(ctx, min(c.s.pollInterval, time.Duration(attempt)*5*time.Millisecond)); err != nil {
+					return nil, PathWaited, err
+				}
+				continue
 			}
 			if err != nil {
 				return c.degraded(ctx, fn, err)
@@ -374,6 +379,21 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			t.Stop()
 			unsubscribe()
 		}
+	}
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
