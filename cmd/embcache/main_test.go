@@ -327,3 +327,29 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestBenchQuick(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, code := run(t, "bench", "--quick", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Rows []benchRow `json:"rows"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 6 {
+		t.Fatalf("bench JSON: %v, %d rows\n%s", err, len(r.Rows), raw)
+	}
+	for _, row := range r.Rows {
+		if row.Ours <= 0 || row.Baseline <= 0 || row.Ratio <= 0 || !strings.Contains(stdout, row.Case) {
+			t.Fatalf("row %+v", row)
+		}
+	}
+	if _, _, code := run(t, "bench", "--suites", "nope"); code != 2 {
+		t.Fatalf("unknown suite: exit %d", code)
+	}
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/httppull"
+	"github.com/embcache/embcache/payload/shm"
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/spf13/cobra"
+	"github.com/zeebo/blake3"
+)
+
+// benchRow is one measurement: ours against its baseline, in the same run.
+type benchRow struct {
+	Suite    string  `json:"suite"`
+	Case     string  `json:"case"`
+	Ours     float64 `json:"ours"`
+	Baseline float64 `json:"baseline"`
+	Unit     string  `json:"unit"`
+	Ratio    float64 `json:"ratio"` // ours / baseline (for throughputs: baseline / ours), lower is better
+	Note     string  `json:"note,omitempty"`
+}
+
+func newBench() *cobra.Command {
+	var suites, out string
+	var quick bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the hot paths against their physical floors, in one run",
+		Long: "bench runs suites and prints a table (and, with --out, JSON): each case is measured\n" +
+			"alternately with its baseline in the same process. Suites: keys (key construction vs bare\n" +
+			"BLAKE3 and SHA-256), local (a local hit vs a bare golang-lru Get, 1 and 2 goroutines),\n" +
+			"payload (shm get and httppull get vs memcpy and bare loopback TCP).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var rows []benchRow
+			for _, s := range strings.Split(suites, ",") {
+				fn, ok := map[string]func(bool) ([]benchRow, error){"keys": benchKeys, "local": benchLocal, "payload": benchPayload}[s]
+				if !ok {
+					return usagef("unknown suite %q (keys, local, payload)", s)
+				}
+				r, err := fn(quick)
+				if err != nil {
+					return fmt.Errorf("suite %s: %w", s, err)
+				}
+				rows = append(rows, r...)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "suite\tcase\tours\tbaseline\tunit\tratio\tnote")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3fx\t%s\n", r.Suite, r.Case, r.Ours, r.Baseline, r.Unit, r.Ratio, r.Note)
+			}
+			tw.Flush()
+			if out != "" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows})
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&suites, "suites", "keys,local,payload", "suites to run, comma-separated")
+	cmd.Flags().StringVar(&out, "out", "", "also write the results as JSON to this file")
+	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes and few rounds (a smoke run)")
+	return cmd
+}
+
+func benchMachine() map[string]any {
+	host, _ := os.Hostname()
+	return map[string]any{"host": host, "time": time.Now().UTC().Format(time.RFC3339)}
+}
+
+// alternate times ours and base alternately for rounds, returning medians.
+func alternate(rounds int, ours, base func() error) (time.Duration, time.Duration, error) {
+	var a, b []time.Duration
+	for range rounds {
+		t0 := time.Now()
+		if err := ours(); err != nil {
+			return 0, 0, err
+		}
+		t1 := time.Now()
+		if err := base(); err != nil {
+			return 0, 0, err
+		}
+		b = append(b, time.Since(t1))
+		a = append(a, t1.Sub(t0))
+	}
+	slices.Sort(a)
+	slices.Sort(b)
+	return a[len(a)/2], b[len(b)/2], nil
+}
+
+func gbps(bytes int, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }
+
+func benchKeys(quick bool) ([]benchRow, error) {
+	keyer, err := cachekey.NewKeyer(workload.Config("bench"))
+	if err != nil {
+		return nil, err
+	}
+	sizes, rounds := []int{200 << 10, 2 << 20, 8 << 20}, 40
+	if quick {
+		sizes, rounds = []int{64 << 10}, 3
+	}
+	var rows []benchRow
+	for _, size := range sizes {
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i * 131)
+		}
+		name := fmt.Sprintf("%d KiB", size>>10)
+		ours, bare, err := alternate(rounds, func() error { _, err := keyer.RawBytes(data); return err },
+			func() error { blake3.Sum256(data); return nil })
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, benchRow{"keys", "key vs BLAKE3 " + name, gbps(size, ours), gbps(size, bare), "GB/s",
+			float64(ours) / float64(bare), fmt.Sprintf("%.0f us per key", float64(ours.Microseconds()))})
+		_, sha, _ := alternate(rounds, func() error { return nil }, func() error { sha256.Sum256(data); return nil })
+		rows = append(rows, benchRow{"keys", "key vs SHA-256 " + name, gbps(size, ours), gbps(size, sha), "GB/s",
+			float64(ours) / float64(sha), "SHA-256 for reference"})
+	}
+	return rows, nil
+}
+
+type benchBlob []byte
+
+func (b benchBlob) Size() int64 { return int64(len(b)) }
+
+func benchLocal(quick bool) ([]benchRow, error) {
+	const keys = 1024
+	n := 500_000
+	if quick {
+		n = 5_000
+	}
+	var rows []benchRow
+	for _, goroutines := range []int{1, 2} {
+		c, err := localcache.New[int, benchBlob](localcache.WithMaxEntries(keys))
+		if err != nil {
+			return nil, err
+		}
+		bare, _ := lru.New[int, benchBlob](keys)
+		for k := range keys {
+			c.Put("", k, benchBlob("v"))
+			bare.Add(k, benchBlob("v"))
+		}
+		run := func(op func(w, i int)) time.Duration {
+			var wg sync.WaitGroup
+			start := time.Now()
+			for w := range goroutines {
+				wg.Go(func() {
+					for i := range n / goroutines {
+						op(w, i)
+					}
+				})
+			}
+			wg.Wait()
+			return time.Since(start)
+		}
+		reqs := []string{"r0", "r1"}
+		ours := run(func(w, i int) {
+			c.Get(reqs[w], (i*7+w)%keys)
+			if i%4 == 3 {
+				c.Release(reqs[w])
+			}
+		})
+		base := run(func(w, i int) { bare.Get((i*7 + w) % keys) })
+		rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
+		rows = append(rows, benchRow{"local", fmt.Sprintf("hit, %d goroutine(s)", goroutines), rate(ours), rate(base),
+			"M hits/s", float64(ours) / float64(base), "Get pins; a Release every 4 hits; baseline: golang-lru Get"})
+	}
+	return rows, nil
+}
+
+func benchPayload(quick bool) ([]benchRow, error) {
+	sizes, rounds := []int{8 << 20, 100 << 20}, 10
+	if quick {
+		sizes, rounds = []int{1 << 20}, 3
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "embcache-bench-")
+	if err != nil {
+		dir, err = os.MkdirTemp("", "embcache-bench-")
+		if err != nil {
+			return nil, err
+		}
+	}
+	defer os.RemoveAll(dir)
+	store, err := shm.Open(dir, shm.WithNode("bench"))
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: httppull.NewServer(store), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	defer srv.Close()
+	tr, err := httppull.NewTransport("bench", "http://"+l.Addr().String(), store)
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	var rows []benchRow
+	for i, size := range sizes {
+		v := payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, make([]byte, size))
+		obj := payload.ObjectID{Tenant: "bench", Key: cachekey.Key{byte(i + 1)}}
+		loc, err := tr.Put(ctx, obj, v)
+		if err != nil {
+			return nil, err
+		}
+		shmLoc := loc
+		shmLoc.Transport, shmLoc.Address = payload.TransportShm, store.Dir()
+		dst := make([]byte, loc.Size)
+		name := fmt.Sprintf("%d MiB", size>>20)
+		ours, base, err := alternate(rounds, func() error {
+			got, err := store.Get(ctx, shmLoc)
+			if err == nil {
+				got.Close()
+			}
+			return err
+		}, func() error { copy(dst, v.Tensor.Data); return nil })
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, benchRow{"payload", "shm get " + name, float64(ours.Microseconds()), float64(base.Microseconds()),
+			"us", float64(ours) / float64(base), "maps, does not copy; baseline: memcpy"})
+		tcpAddr, stop, err := bareTCPServer(int(loc.Size))
+		if err != nil {
+			return nil, err
+		}
+		ours, base, err = alternate(rounds, func() error {
+			got, err := tr.Get(ctx, loc)
+			if err == nil {
+				got.Close()
+			}
+			return err
+		}, func() error {
+			c, err := net.Dial("tcp", tcpAddr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = io.ReadFull(c, dst)
+			return err
+		})
+		stop()
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, benchRow{"payload", "httppull get " + name, gbps(size, ours), gbps(size, base), "GB/s",
+			float64(ours) / float64(base), "checksum verified; baseline: bare loopback TCP"})
+	}
+	return rows, nil
+}
+
+// bareTCPServer writes n bytes to every connection: the floor of a pull.
+func bareTCPServer(n int) (string, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	data := make([]byte, n)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(data)
+			c.Close()
+		}
+	}()
+	return l.Addr().String(), func() { l.Close(); <-done }, nil
+}
