@@ -74,13 +74,6 @@ func newLeases() *cobra.Command {
 		Short: "List lease and record keys (<tenant>.<keyhex>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			kv, closeConn, err := cf.bucket(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeConn()
 			filter := ">"
 			if tenant != "" {
 				if err := cachekey.ValidateTenant(tenant); err != nil {
@@ -88,6 +81,13 @@ func newLeases() *cobra.Command {
 				}
 				filter = tenant + ".>"
 			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
+			defer cancel()
+			kv, closeConn, err := cf.bucket(ctx)
+			if err != nil {
+				return err
+			}
+			defer closeConn()
 			lister, err := kv.ListKeysFiltered(ctx, filter)
 			if err != nil {
 				return err
