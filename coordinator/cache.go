@@ -99,7 +99,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	}
 	if s.putter == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
-		s.putKind, s.putter = payload.TransportMemory, mem
+		s.putter = mem
 		s.getters[payload.TransportMemory] = mem
 	}
 	c := &Cache{s: s, leases: make(map[*Lease]struct{}), done: make(chan struct{})}
@@ -126,7 +126,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if c.tel, err = newInstruments(c, s.tracerProvider, s.meterProvider); err != nil {
 		return nil, err
 	}
-	c.router = &router{node: s.node, putKind: s.putKind, putter: s.putter, getters: s.getters, shm: s.shm}
+	c.router = &router{node: s.node, putter: s.putter, getters: s.getters, shm: s.shm}
 	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
 		if s.mode == ModeStrict {

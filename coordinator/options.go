@@ -49,7 +49,6 @@ type settings struct {
 	retryInterval  time.Duration
 	mode           Mode
 	node           string
-	putKind        string
 	putter         payload.Transport
 	getters        map[string]payload.Transport
 	shm            *shm.Store
@@ -200,7 +199,7 @@ func WithTransport(kind string, t payload.Transport) Option {
 		if t == nil || kind == "" {
 			return fmt.Errorf("%w: transport needs a kind and a value", ErrInvalidOption)
 		}
-		s.putKind, s.putter = kind, t
+		s.putter = t
 		s.getters[kind] = t
 		return nil
 	}

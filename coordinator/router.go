@@ -14,7 +14,6 @@ import (
 // written on this node, else the transport the Location names.
 type router struct {
 	node    string
-	putKind string
 	putter  payload.Transport
 	getters map[string]payload.Transport
 	shm     *shm.Store
