@@ -9,7 +9,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: bench-go debs test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -45,8 +45,19 @@ FAULT_SCHEDULES ?= 200
 test-faults:
 	$(GO) test -race -count=1 -timeout 90m -run '^TestFaults$$' ./integration/ -faults.schedules $(FAULT_SCHEDULES) -v | grep -E '^(fault schedules|--- |ok|FAIL)|faults_test'
 
-bench:
+## bench: every suite of `embcache bench` (the Redis peer's redis-server is installed first); JSON in bench.json.
+BENCH_FLAGS ?=
+bench: build debs
+	$(BIN)/embcache bench --out bench.json $(BENCH_FLAGS)
+
+## bench-go: the go test benchmarks of each package.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/
+
+## debs: Debian packages the bench and tests use (redis-server, python3-numpy).
+DEBS := redis-server python3-numpy
+debs:
+	scripts/install-debs.sh $(DEBS)
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi

@@ -39,47 +39,76 @@ type benchRow struct {
 func newBench() *cobra.Command {
 	var suites, out string
 	var quick bool
+	var wf workloadFlags
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure the hot paths against their physical floors, in one run",
-		Long: "bench runs suites and prints a table (and, with --out, JSON): each case is measured\n" +
+		Short: "Measure the hot paths against their floors, and the dedup workload against peers, in one run",
+		Long: "bench runs suites and prints tables (and, with --out, JSON). Each hot-path case is measured\n" +
 			"alternately with its baseline in the same process. Suites: keys (key construction vs bare\n" +
 			"BLAKE3 and SHA-256), local (a local hit vs a bare golang-lru Get, 1 and 2 goroutines),\n" +
-			"payload (shm get and httppull get vs memcpy and bare loopback TCP).",
+			"coord (a cluster-wide miss and a waiter's wake vs bare KV CAS and put->watch; R1 and R3,\n" +
+			"SyncAlways on and off), payload (shm and httppull get vs memcpy and bare loopback TCP),\n" +
+			"workload (P processes x C goroutines over Zipf inputs: no cache, in-process only, a Redis\n" +
+			"single-flight, groupcache, embcache R1, R3 and R1 over shm; redis-server must be on PATH).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var rows []benchRow
-			for _, s := range strings.Split(suites, ",") {
-				fn, ok := map[string]func(bool) ([]benchRow, error){"keys": benchKeys, "local": benchLocal, "payload": benchPayload}[s]
-				if !ok {
-					return usagef("unknown suite %q (keys, local, payload)", s)
+			run := map[string]func(bool) ([]benchRow, error){"keys": benchKeys, "local": benchLocal, "coord": benchCoord, "payload": benchPayload}
+			names := strings.Split(suites, ",")
+			for _, s := range names {
+				if _, ok := run[s]; !ok && s != "workload" {
+					return usagef("unknown suite %q (keys, local, coord, payload, workload)", s)
 				}
-				r, err := fn(quick)
+			}
+			wf, err := wf.validate(quick)
+			if err != nil {
+				return err
+			}
+			var rows []benchRow
+			var work []workloadRow
+			for _, s := range names {
+				if s == "workload" {
+					if work, err = benchWorkload(cmd.Context(), wf, cmd.ErrOrStderr()); err != nil {
+						return fmt.Errorf("suite workload: %w", err)
+					}
+					continue
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s ...\n", s)
+				r, err := run[s](quick)
 				if err != nil {
 					return fmt.Errorf("suite %s: %w", s, err)
 				}
 				rows = append(rows, r...)
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "suite\tcase\tours\tbaseline\tunit\tratio\tnote")
-			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3fx\t%s\n", r.Suite, r.Case, r.Ours, r.Baseline, r.Unit, r.Ratio, r.Note)
+			if len(rows) > 0 {
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "suite\tcase\tours\tbaseline\tunit\tratio\tnote")
+				for _, r := range rows {
+					fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3fx\t%s\n", r.Suite, r.Case, r.Ours, r.Baseline, r.Unit, r.Ratio, r.Note)
+				}
+				tw.Flush()
 			}
-			tw.Flush()
+			if len(work) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "\nworkload: %d processes x %d goroutines, %d requests over %d inputs (Zipf %.2f), encoder %d ms + decode, %.2f MiB embeddings\n",
+					wf.procs, wf.goroutines, wf.requests, wf.unique, wf.zipf, wf.encodeMS, wf.embedMB)
+				printWorkload(cmd.OutOrStdout(), work)
+			}
 			if out != "" {
 				f, err := os.Create(out)
 				if err != nil {
 					return err
 				}
 				defer f.Close()
-				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows})
+				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows, "workload": work, "workload_config": map[string]any{
+					"procs": wf.procs, "goroutines": wf.goroutines, "unique": wf.unique, "requests": wf.requests,
+					"zipf": wf.zipf, "encode_ms": wf.encodeMS, "embed_mb": wf.embedMB}})
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&suites, "suites", "keys,local,payload", "suites to run, comma-separated")
+	cmd.Flags().StringVar(&suites, "suites", "keys,local,coord,payload,workload", "suites to run, comma-separated")
 	cmd.Flags().StringVar(&out, "out", "", "also write the results as JSON to this file")
 	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes and few rounds (a smoke run)")
+	wf.register(cmd.Flags())
 	return cmd
 }
 
@@ -103,9 +132,13 @@ func alternate(rounds int, ours, base func() error) (time.Duration, time.Duratio
 		b = append(b, time.Since(t1))
 		a = append(a, t1.Sub(t0))
 	}
-	slices.Sort(a)
-	slices.Sort(b)
-	return a[len(a)/2], b[len(b)/2], nil
+	return medianDuration(a), medianDuration(b), nil
+}
+
+func medianDuration(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func gbps(bytes int, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }

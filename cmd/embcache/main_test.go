@@ -339,14 +339,30 @@ func TestBenchQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r struct {
-		Rows []benchRow `json:"rows"`
+		Rows     []benchRow    `json:"rows"`
+		Workload []workloadRow `json:"workload"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 6 {
-		t.Fatalf("bench JSON: %v, %d rows\n%s", err, len(r.Rows), raw)
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 14 || len(r.Workload) != len(allSystems) {
+		t.Fatalf("bench JSON: %v, %d rows, %d workload rows\n%s", err, len(r.Rows), len(r.Workload), raw)
 	}
 	for _, row := range r.Rows {
 		if row.Ours <= 0 || row.Baseline <= 0 || row.Ratio <= 0 || !strings.Contains(stdout, row.Case) {
 			t.Fatalf("row %+v", row)
+		}
+	}
+	_, redisErr := exec.LookPath("redis-server")
+	for _, w := range r.Workload {
+		if w.System == sysRedis && redisErr != nil {
+			t.Logf("redis-server is not installed (make test installs it): %s", w.Skipped)
+			continue
+		}
+		if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || !strings.Contains(stdout, w.System) {
+			t.Fatalf("workload row %+v", w)
+		}
+		// Every system that shares computes across processes computes each input once.
+		shares := w.System != sysNone && w.System != sysLocal
+		if shares && w.Forwards != w.Unique || w.System == sysNone && w.Forwards != w.Requests {
+			t.Fatalf("%s: %d forwards for %d inputs, %d requests", w.System, w.Forwards, w.Unique, w.Requests)
 		}
 	}
 	if _, _, code := run(t, "bench", "--suites", "nope"); code != 2 {

@@ -1,0 +1,419 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/payload"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// The workload suite: P processes x C goroutines ask for Zipf-distributed
+// inputs, each system in turn, with the same inputs, encoder and payload
+// bytes. Processes are real: the bench re-executes this binary as
+// `bench-worker`, one per process, and starts what a system needs (an
+// embedded NATS server or cluster, a redis-server) itself.
+
+// workloadFlags size the dedup workload.
+type workloadFlags struct {
+	procs, goroutines, unique, requests, encodeMS int
+	zipf, embedMB                                 float64
+	systems                                       string
+}
+
+func (w *workloadFlags) register(fs *pflag.FlagSet) {
+	fs.IntVar(&w.procs, "procs", 3, "workload: processes")
+	fs.IntVar(&w.goroutines, "goroutines", 4, "workload: goroutines per process")
+	fs.IntVar(&w.unique, "unique", 100, "workload: unique inputs")
+	fs.IntVar(&w.requests, "requests", 900, "workload: requests in all")
+	fs.Float64Var(&w.zipf, "zipf", 1.1, "workload: Zipf exponent of input popularity")
+	fs.IntVar(&w.encodeMS, "encode-ms", 20, "workload: milliseconds of GPU time per forward (plus the CPU decode)")
+	fs.Float64Var(&w.embedMB, "embed-mb", 2, "workload: embedding size in MiB")
+	fs.StringVar(&w.systems, "systems", strings.Join(allSystems, ","), "workload: systems to compare")
+}
+
+// workloadRow is one system's run.
+type workloadRow struct {
+	System           string  `json:"system"`
+	Procs            int     `json:"procs"`
+	Goroutines       int     `json:"goroutines"`
+	Requests         int     `json:"requests"`
+	Unique           int     `json:"unique"`
+	Forwards         int     `json:"forwards"`
+	ForwardsPerInput float64 `json:"forwards_per_unique_input"`
+	RequestsPerSec   float64 `json:"requests_per_s"`
+	P50ms            float64 `json:"p50_ms"`
+	P99ms            float64 `json:"p99_ms"`
+	MsgsPerRequest   float64 `json:"messages_per_request"`
+	Errors           int     `json:"errors"`
+	Seconds          float64 `json:"seconds"`
+	Skipped          string  `json:"skipped,omitempty"`
+	Details          []any   `json:"details,omitempty"` // per process, what the system counted
+}
+
+// dedupResult is one worker process's report.
+type dedupResult struct {
+	Forwards  int     `json:"forwards"`
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	FirstErr  string  `json:"first_err,omitempty"`
+	Latencies []int64 `json:"latencies_us"`
+	Messages  uint64  `json:"messages"`
+	Detail    any     `json:"detail,omitempty"`
+}
+
+func (w workloadFlags) validate(quick bool) (workloadFlags, error) {
+	if quick {
+		w.procs, w.goroutines, w.unique, w.requests, w.encodeMS, w.embedMB = 2, 2, 8, 40, 2, 0.0625
+	}
+	if w.procs < 1 || w.goroutines < 1 || w.unique < 1 || w.requests < w.unique || w.encodeMS < 0 || w.embedMB <= 0 {
+		return w, usagef("workload: need procs, goroutines, unique >= 1, requests >= unique, encode-ms >= 0, embed-mb > 0")
+	}
+	for _, s := range strings.Split(w.systems, ",") {
+		if !slices.Contains(allSystems, s) {
+			return w, usagef("workload: unknown system %q (%s)", s, strings.Join(allSystems, ", "))
+		}
+	}
+	return w, nil
+}
+
+func benchWorkload(ctx context.Context, wf workloadFlags, log io.Writer) ([]workloadRow, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var rows []workloadRow
+	for _, sys := range strings.Split(wf.systems, ",") {
+		fmt.Fprintf(log, "workload: %s ...\n", sys)
+		row, err := runSystem(ctx, self, sys, wf)
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", sys, err)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloadRow, error) {
+	row := workloadRow{System: sys, Procs: wf.procs, Goroutines: wf.goroutines, Requests: wf.requests, Unique: wf.unique}
+	dir, err := os.MkdirTemp("", "embcache-bench-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	shmDir := dir
+	if d, err := os.MkdirTemp("/dev/shm", "embcache-bench-"); err == nil { // payloads in memory, as in production
+		shmDir = d
+		defer os.RemoveAll(d)
+	}
+	base := dedupConfig{System: sys, Procs: wf.procs, Goroutines: wf.goroutines, Unique: wf.unique, Requests: wf.requests,
+		Zipf: wf.zipf, Seed: 1, EncodeMS: wf.encodeMS, EmbedBytes: int(wf.embedMB * (1 << 20)), ShmDir: shmDir,
+		LocalMaxByte: 4 << 30}
+	for range wf.procs {
+		port, err := embedded.FreePort("127.0.0.1")
+		if err != nil {
+			return row, err
+		}
+		base.PeerAddrs = append(base.PeerAddrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	}
+	switch sys {
+	case sysEmbcache, sysEmbcacheSh:
+		srv, err := embedded.Start(embedded.Options{StoreDir: dir})
+		if err != nil {
+			return row, err
+		}
+		defer srv.Shutdown()
+		base.NATS, base.Replicas = srv.ClientURL(), 1
+	case sysEmbcacheR3:
+		cl, err := embedded.StartCluster(ctx, 3, dir, nil)
+		if err != nil {
+			return row, err
+		}
+		defer cl.Shutdown()
+		base.NATS, base.Replicas = cl.ClientURLs(), 3
+	case sysRedis:
+		addr, stop, err := startRedis(ctx, dir)
+		if errors.Is(err, exec.ErrNotFound) {
+			row.Skipped = "redis-server not installed (make bench installs Debian's)"
+			return row, nil
+		}
+		if err != nil {
+			return row, err
+		}
+		defer stop()
+		base.Redis = addr
+	}
+	results, elapsed, err := runWorkers(ctx, self, base)
+	if err != nil {
+		return row, err
+	}
+	var lat []int64
+	var msgs uint64
+	for _, r := range results {
+		row.Forwards += r.Forwards
+		row.Errors += r.Errors
+		msgs += r.Messages
+		lat = append(lat, r.Latencies...)
+		row.Details = append(row.Details, r.Detail)
+		if r.FirstErr != "" && row.Skipped == "" {
+			row.Skipped = "first error: " + r.FirstErr
+		}
+	}
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		row.P50ms = float64(lat[len(lat)/2]) / 1000
+		row.P99ms = float64(lat[min(len(lat)-1, len(lat)*99/100)]) / 1000
+	}
+	row.ForwardsPerInput = float64(row.Forwards) / float64(wf.unique)
+	row.Seconds = elapsed.Seconds()
+	row.RequestsPerSec = float64(wf.requests) / elapsed.Seconds()
+	row.MsgsPerRequest = float64(msgs) / float64(wf.requests)
+	return row, nil
+}
+
+// runWorkers starts one worker per process, waits until all are ready,
+// starts them together and collects their reports.
+func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResult, time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type proc struct {
+		cmd    *exec.Cmd
+		stdin  io.WriteCloser
+		out    *bufio.Reader
+		stderr bytes.Buffer
+	}
+	procs := make([]*proc, base.Procs)
+	defer func() {
+		for _, p := range procs {
+			if p != nil {
+				p.stdin.Close()
+				p.cmd.Wait()
+			}
+		}
+	}()
+	fail := func(p *proc, err error) error {
+		return fmt.Errorf("%w; worker stderr: %s", err, strings.TrimSpace(p.stderr.String()))
+	}
+	for i := range procs {
+		cfg := base
+		cfg.Proc = i
+		b, _ := json.Marshal(cfg)
+		p := &proc{cmd: exec.CommandContext(ctx, self, "bench-worker", "--config", string(b))}
+		p.cmd.Stderr = &p.stderr
+		var err error
+		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+			return nil, 0, err
+		}
+		stdout, err := p.cmd.StdoutPipe()
+		if err != nil {
+			return nil, 0, err
+		}
+		p.out = bufio.NewReader(stdout)
+		if err := p.cmd.Start(); err != nil {
+			return nil, 0, err
+		}
+		procs[i] = p
+	}
+	for _, p := range procs {
+		if _, err := p.out.ReadBytes('\n'); err != nil { // {"ready":true}
+			p.cmd.Wait()
+			return nil, 0, fail(p, fmt.Errorf("worker did not get ready: %w", err))
+		}
+	}
+	start := time.Now()
+	for _, p := range procs {
+		io.WriteString(p.stdin, "go\n")
+	}
+	results := make([]dedupResult, len(procs))
+	for i, p := range procs {
+		line, err := p.out.ReadBytes('\n')
+		if err == nil {
+			err = json.Unmarshal(line, &results[i])
+		}
+		if err != nil {
+			p.cmd.Wait()
+			return nil, 0, fail(p, fmt.Errorf("worker %d: %w", i, err))
+		}
+	}
+	return results, time.Since(start), nil
+}
+
+// startRedis runs redis-server on a free loopback port, without persistence.
+func startRedis(ctx context.Context, dir string) (string, func(), error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", nil, err
+	}
+	port, err := embedded.FreePort("127.0.0.1")
+	if err != nil {
+		return "", nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.Ping(ctx).Err() != nil {
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, fmt.Errorf("redis-server did not answer on %s: %s", addr, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return addr, stop, nil
+}
+
+// newBenchWorker is the hidden command the workload suite runs per process.
+func newBenchWorker() *cobra.Command {
+	var config string
+	cmd := &cobra.Command{
+		Use:    "bench-worker",
+		Short:  "One process of the bench's workload suite (run by embcache bench)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg dedupConfig
+			if err := json.Unmarshal([]byte(config), &cfg); err != nil {
+				return usagef("bad --config: %v", err)
+			}
+			return runBenchWorker(cmd.Context(), cfg, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().StringVar(&config, "config", "", "the process's JSON config")
+	return cmd
+}
+
+func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, errw io.Writer) error {
+	keyer, err := cachekey.NewKeyer(workload.Config("bench"))
+	if err != nil {
+		return err
+	}
+	enc := &workload.Encoder{Bytes: cfg.EmbedBytes, Wait: time.Duration(cfg.EncodeMS) * time.Millisecond}
+	inputs := make([][]byte, cfg.Unique)
+	keys := make([]cachekey.Key, cfg.Unique)
+	byKey := make(map[string]int, cfg.Unique)
+	for i := range inputs {
+		inputs[i] = workload.Image(i)
+		if keys[i], err = keyer.RawBytes(inputs[i]); err != nil {
+			return err
+		}
+		byKey[keys[i].String()] = i
+	}
+	computeOf := func(key string) (computeFunc, bool) {
+		i, ok := byKey[key]
+		return func(ctx context.Context) (*payload.Value, error) { return enc.Encode(ctx, inputs[i]) }, ok
+	}
+	sys, err := openSystem(ctx, cfg, newLogger(errw, false), computeOf)
+	if err != nil {
+		return err
+	}
+	defer sys.close()
+	var mine []int
+	for i, in := range workload.Requests(cfg.Requests, cfg.Unique, cfg.Zipf, cfg.Seed) {
+		if i%cfg.Procs == cfg.Proc {
+			mine = append(mine, in)
+		}
+	}
+	writeJSONLine(out, map[string]bool{"ready": true})
+	control := bufio.NewReader(in)
+	if _, err := control.ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for go: %w", err)
+	}
+	m0 := sys.messages()
+	next := make(chan int)
+	go func() {
+		defer close(next)
+		for i := range mine {
+			next <- i
+		}
+	}()
+	var mu sync.Mutex
+	res := dedupResult{Requests: len(mine), Latencies: make([]int64, 0, len(mine))}
+	want := int64(cfg.EmbedBytes / 4 * 4)
+	var wg sync.WaitGroup
+	for range cfg.Goroutines {
+		wg.Go(func() {
+			for i := range next {
+				input := mine[i]
+				req := fmt.Sprintf("p%d-r%d", cfg.Proc, i)
+				fn, _ := computeOf(keys[input].String())
+				t0 := time.Now()
+				v, release, err := sys.get(ctx, req, keys[input], fn)
+				if err == nil && int64(len(v.Tensor.Data)) != want {
+					err = fmt.Errorf("input %d: %d bytes, want %d", input, len(v.Tensor.Data), want)
+				}
+				d := time.Since(t0)
+				if release != nil {
+					release()
+				}
+				mu.Lock()
+				res.Latencies = append(res.Latencies, d.Microseconds())
+				if err != nil {
+					if res.Errors++; res.FirstErr == "" {
+						res.FirstErr = err.Error()
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	res.Forwards, res.Messages, res.Detail = enc.Forwards(), sys.messages()-m0, sys.detail()
+	if err := writeJSONLine(out, res); err != nil {
+		return err
+	}
+	// Serve the others' pulls until every process is done: the bench
+	// closes stdin then.
+	io.Copy(io.Discard, control)
+	return nil
+}
+
+func printWorkload(w io.Writer, rows []workloadRow) {
+	var ref float64
+	for _, r := range rows {
+		if r.System == sysEmbcache {
+			ref = r.RequestsPerSec
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "system\tforwards\tper input\treq/s\tembcache-r1 speedup\tp50 ms\tp99 ms\tmsgs/req\terrors\tnote")
+	for _, r := range rows {
+		if r.Skipped != "" && r.Seconds == 0 {
+			fmt.Fprintf(tw, "%s\t\t\t\t\t\t\t\t\t%s\n", r.System, r.Skipped)
+			continue
+		}
+		ratio := "-"
+		if ref > 0 && r.RequestsPerSec > 0 {
+			ratio = fmt.Sprintf("%.2fx", ref/r.RequestsPerSec)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f\t%s\t%.3f\t%.1f\t%.1f\t%d\t%s\n", r.System, r.Forwards, r.ForwardsPerInput,
+			r.RequestsPerSec, ratio, r.P50ms, r.P99ms, r.MsgsPerRequest, r.Errors, r.Skipped)
+	}
+	tw.Flush()
+}
