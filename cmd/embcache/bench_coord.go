@@ -95,8 +95,23 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "BARE", Storage: jetstream.FileStorage, Replicas: replicas})
-	if err != nil {
+	for _, c := range []*coordinator.Cache{holder, waiter} {
+		if err := waitStoreReachable(ctx, c, 30*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	var kv jetstream.KeyValue
+	// A new R3 stream answers once its leader is elected: wait for the
+	// first write of each bucket before measuring.
+	if err := retryFor(30*time.Second, func() error {
+		if kv == nil {
+			if kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "BARE", Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
+				return err
+			}
+		}
+		_, err := kv.Put(ctx, "warmup", []byte("x"))
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	watch, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
@@ -115,6 +130,16 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 		}
 		k[31] = byte(replicas)
 		return coordinator.Ref{Tenant: "bench", Key: k}
+	}
+	if err := retryFor(30*time.Second, func() error {
+		l, err := holder.Reserve(ctx, fresh())
+		if err != nil {
+			return err
+		}
+		_, err = l.Commit(ctx, value)
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	miss, bareCAS, err := alternate(rounds, func() error {
 		l, err := holder.Reserve(ctx, fresh())
@@ -170,4 +195,15 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 		{"coord", "miss (reserve+commit) " + name, us(miss), us(bareCAS), "us", float64(miss) / float64(bareCAS), "baseline: bare KV create + CAS update"},
 		{"coord", "waiter wake " + name, us(w), us(bw), "us", float64(w) / float64(bw), "from commit start; baseline: bare KV put -> watch"},
 	}, nil
+}
+
+func retryFor(limit time.Duration, fn func() error) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := fn()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -361,11 +361,31 @@ func TestBenchQuick(t *testing.T) {
 		}
 		// Every system that shares computes across processes computes each input once.
 		shares := w.System != sysNone && w.System != sysLocal
+		if shares && w.Forwards != w.Unique && degraded(w) {
+			// Under -race with every package's tests on 2 cores, an R3 write
+			// can outlast the op timeout: the process then computes alone,
+			// by design, and says so.
+			t.Logf("%s: %d forwards for %d inputs while degraded: %+v", w.System, w.Forwards, w.Unique, w.Details)
+			continue
+		}
 		if shares && w.Forwards != w.Unique || w.System == sysNone && w.Forwards != w.Requests {
-			t.Fatalf("%s: %d forwards for %d inputs, %d requests", w.System, w.Forwards, w.Unique, w.Requests)
+			t.Fatalf("%s: %d forwards for %d inputs, %d requests; per process: %+v", w.System, w.Forwards, w.Unique, w.Requests, w.Details)
 		}
 	}
 	if _, _, code := run(t, "bench", "--suites", "nope"); code != 2 {
 		t.Fatalf("unknown suite: exit %d", code)
 	}
+}
+
+// degraded reports whether an embcache process of the row computed without
+// the store.
+func degraded(w workloadRow) bool {
+	for _, d := range w.Details {
+		if m, ok := d.(map[string]any); ok {
+			if n, _ := m["Degraded"].(float64); n > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
