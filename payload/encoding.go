@@ -28,6 +28,14 @@ func layout(ndim, ntokens, ndata int) (dataOffset, total int) {
 	return dataOffset, dataOffset + ndata
 }
 
+// DataOffset returns where v's tensor data starts in its encoding (a
+// multiple of DataAlign): a reader that maps an encoded value finds the
+// data there.
+func DataOffset(v *Value) int64 {
+	off, _ := layout(len(v.Tensor.Shape), len(v.Tokens), len(v.Tensor.Data))
+	return int64(off)
+}
+
 // Header returns the encoding of v up to its data: prelude, shape, tokens
 // and zero padding. Encode(v) is Header(v) followed by the tensor data,
 // which lets a writer send the data from where it lies.

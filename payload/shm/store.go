@@ -118,6 +118,11 @@ func (s *Store) Used() int64 {
 	return s.used
 }
 
+// Path returns the file obj is (or would be) stored in: the encoding of
+// docs/protocol.md section 2 followed by its 32-byte checksum. A process on
+// this node may map it read-only.
+func (s *Store) Path(obj payload.ObjectID) string { return s.path(obj) }
+
 func (s *Store) path(obj payload.ObjectID) string {
 	return filepath.Join(s.dir, obj.Tenant, obj.Key.String())
 }

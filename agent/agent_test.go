@@ -1,0 +1,410 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/agent"
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/httppull"
+	"github.com/embcache/embcache/payload/shm"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// node is one agent: its own cache, shm store and payload server, as on a
+// node of its own.
+type node struct {
+	socket string
+	srv    *agent.Server
+	cache  *coordinator.Cache
+}
+
+func startServer(t *testing.T) *embedded.Server {
+	t.Helper()
+	s, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func startNode(t *testing.T, url, name string) *node {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agent-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	store, err := shm.Open(filepath.Join(dir, "shm"), shm.WithNode(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: httppull.NewServer(store)}
+	go hs.Serve(l)
+	t.Cleanup(func() { hs.Close() })
+	tr, err := httppull.NewTransport(name, "http://"+l.Addr().String(), store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := coordinator.Connect(url, coordinator.ModeStrict)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cache, err := coordinator.New(context.Background(), nc, coordinator.WithNode(name), coordinator.WithShm(store),
+		coordinator.WithTransport(payload.TransportHTTP, tr), coordinator.WithGetter(payload.TransportShm, store),
+		coordinator.WithLeaseTTL(time.Second), coordinator.WithMode(coordinator.ModeStrict))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close() })
+	srv, err := agent.New(cache, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{socket: filepath.Join(dir, "agent.sock"), srv: srv, cache: cache}
+	ul, err := net.Listen("unix", n.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ul) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	})
+	return n
+}
+
+func client(t *testing.T, n *node) *agent.Client {
+	c := agent.Dial(n.socket)
+	t.Cleanup(c.Close)
+	return c
+}
+
+func testConfig() map[string]any {
+	return map[string]any{
+		"cache_schema_version": 1, "model_id": "Qwen/Qwen2.5-Omni-7B", "model_revision": "r1",
+		"encoder_config_hash": "b3:vit", "processor_version": "p1", "resize_mode": "bicubic",
+		"image_size": []int{448, 448}, "crop_mode": "center", "normalize_mean": []float64{0.5, 0.5, 0.5},
+		"normalize_std": []float64{0.5, 0.5, 0.5}, "audio_sample_rate": 0, "audio_codec_version": "",
+		"audio_codec_config_hash": "", "video_frame_stride": 0, "input_dtype": "bfloat16",
+		"modality": "image", "weight_epoch": 0, "tenant": "acme",
+	}
+}
+
+func keyOf(t *testing.T, c *agent.Client, input string) agent.KeyRef {
+	t.Helper()
+	k, err := c.Key(context.Background(), agent.KeyRequest{Config: testConfig(), Mode: "raw-bytes", Data: []byte(input)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.KeyRef
+}
+
+func mapped(t *testing.T, h *agent.Hit) []byte {
+	t.Helper()
+	data, unmap, err := agent.Map(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bytes.Clone(data)
+	unmap()
+	return out
+}
+
+// TestKeyVectors: the agent names the keys of cachekey/testdata/vectors.json.
+func TestKeyVectors(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	raw, err := os.ReadFile("../cachekey/testdata/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Vectors []struct {
+			Name       string         `json:"name"`
+			Mode       string         `json:"mode"`
+			Key        string         `json:"key"`
+			InputHex   string         `json:"input_hex"`
+			DType      string         `json:"dtype"`
+			Config     map[string]any `json:"config"`
+			Shape      []int64        `json:"shape"`
+			Tokens     []uint32       `json:"tokens"`
+			BlockSize  int            `json:"block_size"`
+			PrefixKeys []string       `json:"prefix_keys"`
+		} `json:"vectors"`
+	}
+	if err := json.Unmarshal(raw, &file); err != nil || len(file.Vectors) == 0 {
+		t.Fatal(err, len(file.Vectors))
+	}
+	for _, v := range file.Vectors {
+		data, err := hex.DecodeString(v.InputHex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Key(context.Background(), agent.KeyRequest{Config: v.Config, Mode: v.Mode, Data: data,
+			DType: v.DType, Shape: v.Shape, Tokens: v.Tokens, BlockSize: v.BlockSize})
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		if got.Key != v.Key || len(got.PrefixKeys) != len(v.PrefixKeys) {
+			t.Errorf("%s: key %s (%d prefixes), want %s (%d)", v.Name, got.Key, len(got.PrefixKeys), v.Key, len(v.PrefixKeys))
+		}
+		for i := range v.PrefixKeys {
+			if i < len(got.PrefixKeys) && got.PrefixKeys[i] != v.PrefixKeys[i] {
+				t.Errorf("%s: prefix key %d %s, want %s", v.Name, i, got.PrefixKeys[i], v.PrefixKeys[i])
+			}
+		}
+	}
+}
+
+// TestKeyRejectsMissingField: a config without one field is refused, naming
+// it; a zero would silently share keys between preprocessings.
+func TestKeyRejectsMissingField(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	cfg := testConfig()
+	delete(cfg, "crop_mode")
+	cfg["crop"] = "center"
+	_, err := c.Key(context.Background(), agent.KeyRequest{Config: cfg, Mode: "raw-bytes", Data: []byte("x")})
+	var apiErr *agent.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 400 || !bytes.Contains([]byte(apiErr.Message), []byte("crop_mode")) ||
+		!bytes.Contains([]byte(apiErr.Message), []byte("crop")) {
+		t.Fatalf("err %v", err)
+	}
+	for _, req := range []agent.KeyRequest{
+		{Config: testConfig(), Mode: "pixels"},
+		{Config: testConfig(), Mode: "decoded-tensor", DType: "float32", Shape: []int64{3}, Data: []byte("x")},
+	} {
+		if _, err := c.Key(context.Background(), req); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+			t.Fatalf("%+v: %v", req, err)
+		}
+	}
+}
+
+// TestReserveSlotCommitHit: the first lookup reserves; the tensor written
+// into a slot is committed; every later lookup, on this agent and another,
+// maps the same bytes.
+func TestReserveSlotCommitHit(t *testing.T) {
+	url := startServer(t).ClientURL()
+	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2")
+	c1, c2 := client(t, n1), client(t, n2)
+	ctx := context.Background()
+	ref := keyOf(t, c1, "image-1")
+	resp, err := c1.Lookup(ctx, ref, "r1")
+	if err != nil || resp.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	want := bytes.Repeat([]byte{1, 2, 3, 4}, 1024)
+	var slot agent.SlotResponse
+	if err := post(n1.socket, "/v1/slot", agent.SlotRequest{Reservation: resp.Reservation, Size: int64(len(want))}, &slot); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(slot.File, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var committed agent.LookupResponse
+	if err := post(n1.socket, "/v1/commit", agent.CommitRequest{Reservation: resp.Reservation, Client: c1.ID, RequestID: "r1",
+		DType: "float32", Shape: []int64{1024}, Slot: slot.Slot}, &committed); err != nil {
+		t.Fatal(err)
+	}
+	if committed.Status != agent.StatusHit || !bytes.Equal(mapped(t, committed.Value), want) {
+		t.Fatalf("commit answered %+v", committed)
+	}
+	for _, c := range []*agent.Client{c1, c2} {
+		got, err := c.Lookup(ctx, ref, "r2")
+		if err != nil || got.Status != agent.StatusHit || !bytes.Equal(mapped(t, got.Value), want) ||
+			got.Value.DType != "float32" || got.Value.Shape[0] != 1024 || got.Value.Offset%64 != 0 {
+			t.Fatalf("%+v %v", got, err)
+		}
+	}
+	if s := n2.cache.Stats(); s.RemoteHits != 1 || s.Computes != 0 {
+		t.Fatalf("n2 stats %+v", s)
+	}
+	if n, err := c2.Release(ctx, "r2"); err != nil || n != 1 {
+		t.Fatalf("release: %d %v", n, err)
+	}
+	// A hit's file is read-only: a write through it is refused.
+	if f, err := os.OpenFile(committed.Value.File, os.O_WRONLY, 0); err == nil {
+		f.Close()
+		if fi, _ := os.Stat(committed.Value.File); fi.Mode().Perm()&0o222 != 0 {
+			t.Fatalf("hit file %s is writable: %v", committed.Value.File, fi.Mode())
+		}
+	}
+}
+
+func post(socket, path string, in, out any) error {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	defer hc.CloseIdleConnections()
+	b, _ := json.Marshal(in)
+	resp, err := hc.Post("http://agent"+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var e agent.Error
+		json.NewDecoder(resp.Body).Decode(&e)
+		return &agent.APIError{Status: resp.StatusCode, Code: e.Code, Message: e.Error}
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// TestWaiterGetsCommit: a second client's lookup waits while the first
+// computes, and gets the committed value; the compute ran once.
+func TestWaiterGetsCommit(t *testing.T) {
+	url := startServer(t).ClientURL()
+	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2")
+	a, b, far := client(t, n1), client(t, n1), client(t, n2)
+	ctx := context.Background()
+	ref := keyOf(t, a, "image-2")
+	resp, err := a.Lookup(ctx, ref, "ra")
+	if err != nil || resp.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	type got struct {
+		r   agent.LookupResponse
+		err error
+	}
+	near, remote := make(chan got, 1), make(chan got, 1)
+	go func() { r, err := b.Lookup(ctx, ref, "rb"); near <- got{r, err} }()
+	go func() { r, err := far.Lookup(ctx, ref, "rf"); remote <- got{r, err} }()
+	waitFor(t, func() bool { return n2.cache.Stats().Waits == 1 })
+	want := []byte("0123456789abcdef")
+	if _, err := a.Commit(ctx, resp.Reservation, "ra", "uint8", []int64{16}, want); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []chan got{near, remote} {
+		g := <-ch
+		if g.err != nil || g.r.Status != agent.StatusHit || !bytes.Equal(mapped(t, g.r.Value), want) {
+			t.Fatalf("%+v %v", g.r, g.err)
+		}
+	}
+	if c := n1.cache.Stats().Computes + n2.cache.Stats().Computes; c != 1 {
+		t.Fatalf("%d computes", c)
+	}
+}
+
+// TestDisconnectHandsOver: a client that disappears while holding a
+// reservation lets a waiter on another agent take the key over at once,
+// and its pins are released.
+func TestDisconnectHandsOver(t *testing.T) {
+	url := startServer(t).ClientURL()
+	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2")
+	holder, other := agent.Dial(n1.socket), client(t, n2)
+	ctx := context.Background()
+	ref := keyOf(t, other, "image-3")
+	resp, err := holder.Lookup(ctx, ref, "rh")
+	if err != nil || resp.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	done := make(chan agent.LookupResponse, 1)
+	go func() {
+		r, err := other.Lookup(ctx, ref, "ro")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	waitFor(t, func() bool { return n2.cache.Stats().Waits == 1 })
+	holder.Close() // the process died: its connection closed
+	r := <-done
+	if r.Status != agent.StatusReserved {
+		t.Fatalf("after the holder left: %+v", r)
+	}
+	waitFor(t, func() bool { s := n1.srv.Stats().Agent; return s.Disconnects == 1 && s.Reservations == 0 && s.Abandons == 1 })
+	if err := other.Abandon(ctx, r.Reservation, "test over"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBadRequests: unknown reservations, malformed bodies and values are
+// answered with clear errors, never a panic.
+func TestBadRequests(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	ctx := context.Background()
+	var apiErr *agent.APIError
+	if _, err := c.Commit(ctx, "nope", "r", "uint8", []int64{1}, []byte{1}); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Fatalf("unknown reservation: %v", err)
+	}
+	if err := c.Abandon(ctx, "nope", ""); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Fatalf("abandon unknown: %v", err)
+	}
+	if _, err := c.Lookup(ctx, agent.KeyRef{Key: "zz", Tenant: "acme"}, "r"); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("bad key: %v", err)
+	}
+	ref := keyOf(t, c, "image-4")
+	resp, err := c.Lookup(ctx, ref, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3 bytes cannot be float32[1]; the reservation stays open for a good commit.
+	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", []int64{1}, []byte{1, 2, 3}); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("bad value: %v", err)
+	}
+	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", []int64{1}, []byte{1, 2, 3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"{", `{"key": 7}`, `{"unknown": 1}`} {
+		resp, err := rawPost(n.socket, "/v1/lookup", body)
+		if err != nil || resp != 400 {
+			t.Fatalf("%s: %d %v", body, resp, err)
+		}
+	}
+	if s := n.srv.Stats().Agent; s.BadRequests < 5 {
+		t.Fatalf("bad requests counted: %+v", s)
+	}
+}
+
+func rawPost(socket, path, body string) (int, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Post("http://agent"+path, "application/json", bytes.NewReader([]byte(body)))
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// waitFor polls a condition that background NATS work makes true.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/coordinator"
+)
+
+// KeyRequest asks for the key of an input. Config must carry every field of
+// cachekey.PreprocessingConfig: a missing field is an error, never a zero
+// that could make two different preprocessings share a key.
+type KeyRequest struct {
+	Config    map[string]any `json:"config"`
+	Mode      string         `json:"mode"`                 // raw-bytes, decoded-tensor or tokens
+	Data      []byte         `json:"data,omitempty"`       // raw bytes or tensor data (base64 in JSON)
+	DType     string         `json:"dtype,omitempty"`      // decoded-tensor
+	Shape     []int64        `json:"shape,omitempty"`      // decoded-tensor
+	Tokens    []uint32       `json:"tokens,omitempty"`     // tokens
+	BlockSize int            `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
+}
+
+// KeyRef names a cached value: what lookups take.
+type KeyRef struct {
+	Key         string `json:"key"` // 64 hex digits
+	Tenant      string `json:"tenant"`
+	Model       string `json:"model,omitempty"`
+	WeightEpoch uint64 `json:"weight_epoch,omitempty"`
+}
+
+// KeyResponse is the key of an input.
+type KeyResponse struct {
+	KeyRef
+	Mode       string   `json:"mode"`
+	PrefixKeys []string `json:"prefix_keys,omitempty"` // tokens: the key of every whole block prefix
+}
+
+// LookupRequest asks for a value, or the right to compute it.
+type LookupRequest struct {
+	KeyRef
+	Client    string `json:"client"`     // the calling process (pins are per client and request)
+	RequestID string `json:"request_id"` // what Release unpins
+}
+
+// Status of a lookup.
+const (
+	StatusHit      = "hit"
+	StatusReserved = "reserved"
+)
+
+// LookupResponse is a hit (Value set) or a reservation.
+type LookupResponse struct {
+	Status      string `json:"status"`
+	Path        string `json:"path,omitempty"` // how the agent got it: local-hit, remote-hit, waited, computed, ...
+	Value       *Hit   `json:"value,omitempty"`
+	Reservation string `json:"reservation,omitempty"`
+}
+
+// Hit says where a value lies in shm. The file holds the value's encoding
+// (docs/protocol.md section 2); the tensor data is Length bytes at Offset.
+// The file is read-only and stays valid while the request holds its pin.
+type Hit struct {
+	File     string   `json:"file"`
+	Offset   int64    `json:"offset"`
+	Length   int64    `json:"length"`
+	Kind     string   `json:"kind"`
+	DType    string   `json:"dtype"`
+	Shape    []int64  `json:"shape"`
+	Tokens   []uint32 `json:"tokens,omitempty"`
+	Checksum string   `json:"checksum"` // BLAKE3 of the encoding, verified by the agent
+}
+
+// SlotRequest asks for a file to write a computed tensor into.
+type SlotRequest struct {
+	Reservation string `json:"reservation"`
+	Size        int64  `json:"size"` // bytes of tensor data
+}
+
+// SlotResponse is a file of Size bytes, writable by the caller.
+type SlotResponse struct {
+	Slot string `json:"slot"`
+	File string `json:"file"`
+	Size int64  `json:"size"`
+}
+
+// CommitRequest hands the agent a computed value: in a slot, or as bytes.
+type CommitRequest struct {
+	Reservation string   `json:"reservation"`
+	Client      string   `json:"client"`
+	RequestID   string   `json:"request_id"`
+	Kind        string   `json:"kind,omitempty"` // tensor (default), tokens, hidden-prefix
+	DType       string   `json:"dtype,omitempty"`
+	Shape       []int64  `json:"shape,omitempty"`
+	Tokens      []uint32 `json:"tokens,omitempty"`
+	Slot        string   `json:"slot,omitempty"`
+	Data        []byte   `json:"data,omitempty"`
+}
+
+// AbandonRequest gives a reservation up (the compute failed).
+type AbandonRequest struct {
+	Reservation string `json:"reservation"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// ReleaseRequest ends a request: the RFC's cleanup_request.
+type ReleaseRequest struct {
+	Client    string `json:"client"`
+	RequestID string `json:"request_id"`
+}
+
+// ReleaseResponse says how many pins were dropped.
+type ReleaseResponse struct {
+	Released int `json:"released"`
+}
+
+// Stats is what GET /v1/stats answers.
+type Stats struct {
+	Agent AgentStats        `json:"agent"`
+	Cache coordinator.Stats `json:"cache"`
+}
+
+// AgentStats counts what the agent did.
+type AgentStats struct {
+	Connections  int    `json:"connections"`
+	Reservations int    `json:"reservations"` // open now
+	Slots        int    `json:"slots"`        // open now
+	Lookups      uint64 `json:"lookups"`
+	Hits         uint64 `json:"hits"`
+	Reserved     uint64 `json:"reserved"`
+	Commits      uint64 `json:"commits"`
+	Abandons     uint64 `json:"abandons"`
+	Disconnects  uint64 `json:"disconnect_cleanups"` // connections closed holding pins, reservations or slots
+	BadRequests  uint64 `json:"bad_requests"`
+}
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Error string `json:"error"`
+	Code  string `json:"code"` // bad_request, not_found, conflict, unavailable, internal
+}
+
+func refOf(k KeyRef) (coordinator.Ref, error) {
+	key, err := cachekey.Parse(k.Key)
+	if err != nil {
+		return coordinator.Ref{}, err
+	}
+	return coordinator.Ref{Tenant: k.Tenant, Key: key, Model: k.Model, Epoch: k.WeightEpoch}, nil
+}

@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+)
+
+// Client calls an agent over its Unix socket. Its pins, reservations and
+// slots live as long as its connections: Close (or the process's exit)
+// gives them back.
+type Client struct {
+	ID   string // the client name pins are kept under
+	http *http.Client
+	tr   *http.Transport
+}
+
+// Dial returns a client of the agent at socket. It does not connect yet.
+func Dial(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConnsPerHost: 64,
+	}
+	return &Client{ID: fmt.Sprintf("go-%d-%s", os.Getpid(), randomID()[:8]), http: &http.Client{Transport: tr}, tr: tr}
+}
+
+// Close closes the client's connections: the agent releases what they held.
+func (c *Client) Close() { c.tr.CloseIdleConnections() }
+
+// APIError is an answer other than 2xx.
+type APIError struct {
+	Status  int
+	Code    string // bad_request, not_found, conflict, unavailable, internal
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("agent: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+func (c *Client) call(ctx context.Context, path string, in, out any) error {
+	method, body := http.MethodGet, []byte(nil)
+	if in != nil {
+		method = http.MethodPost
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return err
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		var body Error
+		json.NewDecoder(resp.Body).Decode(&body)
+		return &APIError{Status: resp.StatusCode, Code: body.Code, Message: body.Error}
+	}
+	if out == nil || resp.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Key returns the key of an input.
+func (c *Client) Key(ctx context.Context, req KeyRequest) (KeyResponse, error) {
+	var resp KeyResponse
+	return resp, c.call(ctx, "/v1/key", req, &resp)
+}
+
+// Lookup returns a hit or a reservation; it waits while another process
+// computes the key.
+func (c *Client) Lookup(ctx context.Context, ref KeyRef, requestID string) (LookupResponse, error) {
+	var resp LookupResponse
+	return resp, c.call(ctx, "/v1/lookup", LookupRequest{KeyRef: ref, Client: c.ID, RequestID: requestID}, &resp)
+}
+
+// Commit hands the agent the computed tensor bytes of a reservation.
+func (c *Client) Commit(ctx context.Context, reservation, requestID, dtype string, shape []int64, data []byte) (LookupResponse, error) {
+	var resp LookupResponse
+	return resp, c.call(ctx, "/v1/commit", CommitRequest{Reservation: reservation, Client: c.ID, RequestID: requestID,
+		DType: dtype, Shape: shape, Data: data}, &resp)
+}
+
+// Abandon gives a reservation up.
+func (c *Client) Abandon(ctx context.Context, reservation, reason string) error {
+	return c.call(ctx, "/v1/abandon", AbandonRequest{Reservation: reservation, Reason: reason}, nil)
+}
+
+// Release unpins what requestID looked up.
+func (c *Client) Release(ctx context.Context, requestID string) (int, error) {
+	var resp ReleaseResponse
+	err := c.call(ctx, "/v1/release", ReleaseRequest{Client: c.ID, RequestID: requestID}, &resp)
+	return resp.Released, err
+}
+
+// Stats returns the agent's counters.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var s Stats
+	return s, c.call(ctx, "/v1/stats", nil, &s)
+}
+
+// Map maps a hit's file read-only and returns its tensor data and a
+// function that unmaps it. No byte is copied.
+func Map(h *Hit) ([]byte, func() error, error) {
+	f, err := os.Open(h.File)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if h.Offset < 0 || h.Length < 0 || h.Offset+h.Length > fi.Size() {
+		return nil, nil, fmt.Errorf("agent: hit [%d, +%d) outside %s (%d bytes)", h.Offset, h.Length, h.File, fi.Size())
+	}
+	if fi.Size() == 0 {
+		return nil, func() error { return nil }, nil
+	}
+	m, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m[h.Offset : h.Offset+h.Length], func() error { return syscall.Munmap(m) }, nil
+}

@@ -1,0 +1,466 @@
+package agent
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/shm"
+)
+
+var (
+	// ErrUnknownReservation is answered (404) for a reservation the agent
+	// does not hold: never made, already committed or abandoned, or ended
+	// because its connection closed.
+	ErrUnknownReservation = errors.New("agent: unknown reservation")
+	// ErrBadRequest is answered (400) for a body that does not decode or
+	// breaks the API's rules.
+	ErrBadRequest = errors.New("agent: bad request")
+	// errReservationEnded ends a compute whose client gave it up; the
+	// agent's other waiters for the key look it up again.
+	errReservationEnded = errors.New("agent: reservation ended by its client")
+	// errCommitLost is what a commit's lookup gets if its flight had
+	// already failed: the client should look the key up again.
+	errCommitLost = errors.New("agent: the commit did not land; look the key up again")
+)
+
+// Server is a node agent's API. Serve it on a Unix socket.
+type Server struct {
+	cache    *coordinator.Cache
+	store    *shm.Store
+	slotDir  string
+	maxBody  int64
+	logger   *slog.Logger
+	http     *http.Server
+	sessions sync.Map // net.Conn -> *session
+
+	mu           sync.Mutex
+	reservations map[string]*reservation
+
+	lookups, hits, reserved, commits, abandons, disconnects, badRequests atomic.Uint64
+	connections                                                          atomic.Int64
+}
+
+// Option configures a Server.
+type Option func(*Server) error
+
+// WithLogger sets the logger (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Server) error { s.logger = l; return nil }
+}
+
+// WithSlotDir sets where slots are created (default: the store's directory
+// plus ".slots"). It must be on the same tmpfs as the store to be cheap.
+func WithSlotDir(dir string) Option {
+	return func(s *Server) error { s.slotDir = dir; return nil }
+}
+
+// WithMaxBody bounds request bodies (default 1 GiB): a commit of posted
+// bytes or a key of a decoded tensor carries the data.
+func WithMaxBody(n int64) Option {
+	return func(s *Server) error {
+		if n <= 0 {
+			return fmt.Errorf("agent: max body %d: must be positive", n)
+		}
+		s.maxBody = n
+		return nil
+	}
+}
+
+// New returns the API of cache, whose values are served from store. The
+// cache must have been built WithShm(store) so that committed values land
+// in it.
+func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, error) {
+	if cache == nil || store == nil {
+		return nil, errors.New("agent: a cache and an shm store are required")
+	}
+	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
+		logger: slog.Default(), reservations: map[string]*reservation{}}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(s.slotDir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent: slot directory: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/key", s.handleKey)
+	mux.HandleFunc("POST /v1/lookup", s.handleLookup)
+	mux.HandleFunc("POST /v1/slot", s.handleSlot)
+	mux.HandleFunc("POST /v1/commit", s.handleCommit)
+	mux.HandleFunc("POST /v1/abandon", s.handleAbandon)
+	mux.HandleFunc("POST /v1/release", s.handleRelease)
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) { reply(w, s.Stats()) })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.cache.Stats().StoreReachable {
+			http.Error(w, "store unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			sess := &session{s: s, reqs: map[string]struct{}{}, res: map[string]*reservation{}}
+			s.sessions.Store(c, sess)
+			s.connections.Add(1)
+			return context.WithValue(ctx, sessionKey{}, sess)
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				if v, ok := s.sessions.LoadAndDelete(c); ok {
+					s.connections.Add(-1)
+					v.(*session).end()
+				}
+			}
+		}}
+	return s, nil
+}
+
+// Serve answers on l until Shutdown. Connections are kept open as long as
+// the client keeps them: a connection's end is what releases its pins.
+func (s *Server) Serve(l net.Listener) error {
+	if err := s.http.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops accepting, waits for calls in progress up to ctx, and ends
+// every connection's session.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.http.Shutdown(ctx)
+	s.http.Close()
+	s.sessions.Range(func(c, v any) bool {
+		s.sessions.Delete(c)
+		v.(*session).end()
+		return true
+	})
+	return err
+}
+
+// Stats returns the agent's counters and its cache's.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	open, slots := len(s.reservations), 0
+	for _, r := range s.reservations {
+		slots += r.slotCount()
+	}
+	s.mu.Unlock()
+	return Stats{Cache: s.cache.Stats(), Agent: AgentStats{
+		Connections: int(s.connections.Load()), Reservations: open, Slots: slots,
+		Lookups: s.lookups.Load(), Hits: s.hits.Load(), Reserved: s.reserved.Load(), Commits: s.commits.Load(),
+		Abandons: s.abandons.Load(), Disconnects: s.disconnects.Load(), BadRequests: s.badRequests.Load()}}
+}
+
+type sessionKey struct{}
+
+func sessionOf(r *http.Request) *session { return r.Context().Value(sessionKey{}).(*session) }
+
+// decode reads a JSON body into v, bounded by the max body size.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return false
+	}
+	return true
+}
+
+func reply(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// fail answers err with its status and code.
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, "internal"
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		status, code = http.StatusBadRequest, "bad_request"
+		s.badRequests.Add(1)
+	case errors.Is(err, ErrUnknownReservation):
+		status, code = http.StatusNotFound, "not_found"
+	case errors.Is(err, coordinator.ErrLeaseLost), errors.Is(err, errCommitLost):
+		status, code = http.StatusConflict, "conflict"
+	case errors.Is(err, coordinator.ErrStoreUnavailable), errors.Is(err, payload.ErrNoSpace):
+		status, code = http.StatusServiceUnavailable, "unavailable"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(Error{Error: err.Error(), Code: code})
+}
+
+func (s *Server) handleKey(w http.ResponseWriter, r *http.Request) {
+	var req KeyRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	resp, err := key(req)
+	if err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return
+	}
+	reply(w, resp)
+}
+
+// pinName is the coordinator request a client's request pins under.
+func pinName(client, requestID string) string { return client + "\x00" + requestID }
+
+func checkRequest(client, requestID string) error {
+	if client == "" || requestID == "" {
+		return fmt.Errorf("%w: client and request_id are required", ErrBadRequest)
+	}
+	return nil
+}
+
+func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
+	var req LookupRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	ref, err := refOf(req.KeyRef)
+	if err == nil {
+		err = checkRequest(req.Client, req.RequestID)
+	}
+	if err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return
+	}
+	s.lookups.Add(1)
+	resp, err := s.lookup(r.Context(), sessionOf(r), pinName(req.Client, req.RequestID), ref)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	reply(w, resp)
+}
+
+// lookup answers a hit, or hands the compute to the client: the agent's
+// compute function for the key waits for the client's commit.
+func (s *Server) lookup(ctx context.Context, sess *session, pin string, ref coordinator.Ref) (LookupResponse, error) {
+	for {
+		reserved := make(chan *reservation, 1)
+		type outcome struct {
+			v    *payload.Value
+			path coordinator.Path
+			err  error
+		}
+		done := make(chan outcome, 1)
+		sess.pinned(pin)
+		go func() {
+			v, path, err := s.cache.GetOrComputePath(ctx, pin, ref, func(fctx context.Context) (*payload.Value, error) {
+				res := s.newReservation(sess, ref)
+				reserved <- res
+				return res.await(fctx)
+			})
+			done <- outcome{v, path, err}
+		}()
+		select {
+		case res := <-reserved:
+			s.reserved.Add(1)
+			return LookupResponse{Status: StatusReserved, Reservation: res.id}, nil
+		case o := <-done:
+			if errors.Is(o.err, errReservationEnded) {
+				continue // another client of this agent gave the key up: try again
+			}
+			if o.err != nil {
+				return LookupResponse{}, o.err
+			}
+			hit, err := s.hit(ctx, ref, o.v)
+			if err != nil {
+				s.cache.Release(pin)
+				return LookupResponse{}, err
+			}
+			s.hits.Add(1)
+			return LookupResponse{Status: StatusHit, Path: o.path.String(), Value: hit}, nil
+		}
+	}
+}
+
+// hit makes sure v lies in this node's shm store and says where.
+func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value) (*Hit, error) {
+	loc, err := s.store.Put(ctx, ref.Object(), v) // a no-op when it is there already
+	if err != nil {
+		return nil, err
+	}
+	return &Hit{File: s.store.Path(ref.Object()), Offset: payload.DataOffset(v), Length: int64(len(v.Tensor.Data)),
+		Kind: v.Kind.String(), DType: v.Tensor.DType.String(), Shape: v.Tensor.Shape, Tokens: v.Tokens,
+		Checksum: hex.EncodeToString(loc.Checksum[:])}, nil
+}
+
+func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
+	var req SlotRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if req.Size < 0 || req.Size > s.maxBody {
+		s.fail(w, fmt.Errorf("%w: slot size %d out of [0, %d]", ErrBadRequest, req.Size, s.maxBody))
+		return
+	}
+	res := s.reservation(req.Reservation)
+	if res == nil {
+		s.fail(w, ErrUnknownReservation)
+		return
+	}
+	name := randomID()
+	path := filepath.Join(s.slotDir, name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		err = f.Truncate(req.Size)
+		f.Close()
+	}
+	if err != nil {
+		os.Remove(path)
+		s.fail(w, fmt.Errorf("agent: creating slot: %w", err))
+		return
+	}
+	if !res.addSlot(name, path) {
+		os.Remove(path)
+		s.fail(w, ErrUnknownReservation)
+		return
+	}
+	reply(w, SlotResponse{Slot: name, File: path, Size: req.Size})
+}
+
+func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
+	var req CommitRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if err := checkRequest(req.Client, req.RequestID); err != nil {
+		s.fail(w, err)
+		return
+	}
+	res := s.reservation(req.Reservation)
+	if res == nil {
+		s.fail(w, ErrUnknownReservation)
+		return
+	}
+	sess := sessionOf(r)
+	v, err := s.valueOf(res, req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if !res.deliver(v, nil) {
+		v.Close()
+		s.fail(w, ErrUnknownReservation)
+		return
+	}
+	s.commits.Add(1)
+	// The compute returns v now; the coordinator commits it. Joining the
+	// key's flight gives the outcome, pinned for the request.
+	pin := pinName(req.Client, req.RequestID)
+	sess.pinned(pin)
+	got, path, err := s.cache.GetOrComputePath(r.Context(), pin, res.ref, func(context.Context) (*payload.Value, error) {
+		return nil, errCommitLost
+	})
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	hit, err := s.hit(r.Context(), res.ref, got)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	reply(w, LookupResponse{Status: StatusHit, Path: path.String(), Value: hit})
+}
+
+// valueOf builds the committed value from a slot (mapped, not copied) or
+// from the posted bytes.
+func (s *Server) valueOf(res *reservation, req CommitRequest) (*payload.Value, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+	}
+	kind := payload.KindTensor
+	if req.Kind != "" {
+		var err error
+		if kind, err = payload.ParseKind(req.Kind); err != nil {
+			return nil, bad("%v", err)
+		}
+	}
+	if req.Slot != "" && len(req.Data) > 0 {
+		return nil, bad("give a slot or data, not both")
+	}
+	data, release := req.Data, func() error { return nil }
+	if req.Slot != "" {
+		path, ok := res.takeSlot(req.Slot)
+		if !ok {
+			return nil, bad("unknown slot %q for this reservation", req.Slot)
+		}
+		m, err := mapSlot(path)
+		if err != nil {
+			return nil, err
+		}
+		data, release = m.data, m.close
+	}
+	var v *payload.Value
+	switch kind {
+	case payload.KindTokens:
+		v = payload.NewTokens(req.Tokens)
+	default:
+		dt, err := parseDType(req.DType)
+		if err != nil {
+			release()
+			return nil, bad("%v", err)
+		}
+		if kind == payload.KindHiddenPrefix {
+			v = payload.NewHiddenPrefix(req.Tokens, dt, req.Shape, data)
+		} else {
+			v = payload.NewTensor(dt, req.Shape, data)
+		}
+	}
+	if err := v.Validate(); err != nil {
+		release()
+		return nil, bad("%v", err)
+	}
+	return payload.WithRelease(v, release), nil
+}
+
+func (s *Server) handleAbandon(w http.ResponseWriter, r *http.Request) {
+	var req AbandonRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	res := s.reservation(req.Reservation)
+	reason := req.Reason
+	if reason == "" {
+		reason = "abandoned by the client"
+	}
+	if res == nil || !res.deliver(nil, fmt.Errorf("%w: %s", errReservationEnded, reason)) {
+		s.fail(w, ErrUnknownReservation)
+		return
+	}
+	s.abandons.Add(1)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
+	var req ReleaseRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if err := checkRequest(req.Client, req.RequestID); err != nil {
+		s.fail(w, err)
+		return
+	}
+	pin := pinName(req.Client, req.RequestID)
+	sessionOf(r).unpinned(pin)
+	reply(w, ReleaseResponse{Released: s.cache.Release(pin)})
+}
