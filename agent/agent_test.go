@@ -338,7 +338,10 @@ func TestDisconnectHandsOver(t *testing.T) {
 	if r.Status != agent.StatusReserved {
 		t.Fatalf("after the holder left: %+v", r)
 	}
-	waitFor(t, func() bool { s := n1.srv.Stats().Agent; return s.Disconnects == 1 && s.Reservations == 0 && s.Abandons == 1 })
+	waitFor(t, func() bool {
+		s := n1.srv.Stats().Agent
+		return s.Disconnects == 1 && s.Reservations == 0 && s.Abandons == 1
+	})
 	if err := other.Abandon(ctx, r.Reservation, "test over"); err != nil {
 		t.Fatal(err)
 	}
