@@ -1,4 +1,5 @@
 # embcache — the project's commands. `make test` is what CI runs (.ci/run).
+SHELL     := /bin/bash
 GO        ?= go
 BIN       := bin
 PKGS      := ./...
@@ -9,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: bench-go debs test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: bench-go debs test-debs test-python bench-agent-hit test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -19,8 +20,8 @@ build:
 
 NATSCLI   := github.com/nats-io/natscli/nats@v0.5.0
 
-## test: vet (with and without the mooncake tag) and every test under -race.
-test: tools vet test-go test-mooncake
+## test: vet (with and without the mooncake tag), every Go test under -race, the Python client's tests.
+test: tools test-debs vet test-go test-mooncake test-python
 
 ## tools: the nats CLI (for the inspection test and docs/operations.md), in bin/.
 tools: $(BIN)/nats
@@ -58,6 +59,23 @@ bench-go:
 DEBS := redis-server python3-numpy
 debs:
 	scripts/install-debs.sh $(DEBS)
+
+# For make test the packages are a bonus: without them the Redis peer of the
+# bench smoke test and the numpy tests skip, and say so.
+test-debs:
+	-scripts/install-debs.sh $(DEBS)
+
+# Debian's python3 sees Debian's python3-numpy; a python3 earlier on PATH
+# (pyenv, a venv) may not.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
+
+## test-python: the Python client against real agents (stdlib unittest; numpy tests skip without numpy).
+test-python: build
+	cd clients/python && EMBCACHE_BIN=$(abspath $(BIN))/embcache $(PYTHON) -m unittest discover -s tests -t .
+
+## bench-agent-hit: a Python hit of an 8 MiB tensor through a real agent vs reading it from a file.
+bench-agent-hit: build
+	PYTHON=$(PYTHON) scripts/bench-agent-hit.sh
 
 lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi

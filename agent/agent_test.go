@@ -32,7 +32,7 @@ type node struct {
 	cache  *coordinator.Cache
 }
 
-func startServer(t *testing.T) *embedded.Server {
+func startServer(t testing.TB) *embedded.Server {
 	t.Helper()
 	s, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
 	if err != nil {
@@ -42,7 +42,7 @@ func startServer(t *testing.T) *embedded.Server {
 	return s
 }
 
-func startNode(t *testing.T, url, name string) *node {
+func startNode(t testing.TB, url, name string) *node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "agent-test-")
 	if err != nil {
@@ -98,7 +98,7 @@ func startNode(t *testing.T, url, name string) *node {
 	return n
 }
 
-func client(t *testing.T, n *node) *agent.Client {
+func client(t testing.TB, n *node) *agent.Client {
 	c := agent.Dial(n.socket)
 	t.Cleanup(c.Close)
 	return c
@@ -115,7 +115,7 @@ func testConfig() map[string]any {
 	}
 }
 
-func keyOf(t *testing.T, c *agent.Client, input string) agent.KeyRef {
+func keyOf(t testing.TB, c *agent.Client, input string) agent.KeyRef {
 	t.Helper()
 	k, err := c.Key(context.Background(), agent.KeyRequest{Config: testConfig(), Mode: "raw-bytes", Data: []byte(input)})
 	if err != nil {
@@ -124,7 +124,7 @@ func keyOf(t *testing.T, c *agent.Client, input string) agent.KeyRef {
 	return k.KeyRef
 }
 
-func mapped(t *testing.T, h *agent.Hit) []byte {
+func mapped(t testing.TB, h *agent.Hit) []byte {
 	t.Helper()
 	data, unmap, err := agent.Map(h)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 var (
@@ -50,8 +52,16 @@ type Server struct {
 	mu           sync.Mutex
 	reservations map[string]*reservation
 
+	stored *lru.Cache[payload.ObjectID, storedFile] // what hit last found in the store
+
 	lookups, hits, reserved, commits, abandons, disconnects, badRequests atomic.Uint64
 	connections                                                          atomic.Int64
+}
+
+// storedFile is a file of the store as hit last saw it.
+type storedFile struct {
+	size, modTime int64
+	sum           payload.Checksum
 }
 
 // Option configures a Server.
@@ -89,6 +99,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	}
 	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
 		logger: slog.Default(), reservations: map[string]*reservation{}}
+	s.stored, _ = lru.New[payload.ObjectID, storedFile](1 << 16)
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -181,9 +192,16 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
+// reply answers v with a Content-Length (clients read exactly that much).
 func reply(w http.ResponseWriter, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(v)
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Write(b)
 }
 
 // fail answers err with its status and code.
@@ -292,15 +310,31 @@ func (s *Server) lookup(ctx context.Context, sess *session, pin string, ref coor
 	}
 }
 
-// hit makes sure v lies in this node's shm store and says where.
+// hit makes sure v lies in this node's shm store and says where. A file
+// seen before and unchanged (one stat) is not read again: hits are the
+// path a Python stage waits on.
 func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value) (*Hit, error) {
-	loc, err := s.store.Put(ctx, ref.Object(), v) // a no-op when it is there already
-	if err != nil {
-		return nil, err
+	obj := ref.Object()
+	path := s.store.Path(obj)
+	seen, known := s.stored.Get(obj)
+	if known {
+		fi, err := os.Stat(path)
+		known = err == nil && fi.Size() == seen.size && fi.ModTime().UnixNano() == seen.modTime
 	}
-	return &Hit{File: s.store.Path(ref.Object()), Offset: payload.DataOffset(v), Length: int64(len(v.Tensor.Data)),
+	sum := seen.sum
+	if !known {
+		loc, err := s.store.Put(ctx, obj, v) // a no-op when it is there already
+		if err != nil {
+			return nil, err
+		}
+		sum = loc.Checksum
+		if fi, err := os.Stat(path); err == nil {
+			s.stored.Add(obj, storedFile{size: fi.Size(), modTime: fi.ModTime().UnixNano(), sum: sum})
+		}
+	}
+	return &Hit{File: path, Offset: payload.DataOffset(v), Length: int64(len(v.Tensor.Data)),
 		Kind: v.Kind.String(), DType: v.Tensor.DType.String(), Shape: v.Tensor.Shape, Tokens: v.Tokens,
-		Checksum: hex.EncodeToString(loc.Checksum[:])}, nil
+		Checksum: hex.EncodeToString(sum[:])}, nil
 }
 
 func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
@@ -367,7 +401,7 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 	// key's flight gives the outcome, pinned for the request.
 	pin := pinName(req.Client, req.RequestID)
 	sess.pinned(pin)
-	got, path, err := s.cache.GetOrComputePath(r.Context(), pin, res.ref, func(context.Context) (*payload.Value, error) {
+	got, _, err := s.cache.GetOrComputePath(r.Context(), pin, res.ref, func(context.Context) (*payload.Value, error) {
 		return nil, errCommitLost
 	})
 	if err != nil {
@@ -379,7 +413,7 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	reply(w, LookupResponse{Status: StatusHit, Path: path.String(), Value: hit})
+	reply(w, LookupResponse{Status: StatusHit, Path: "computed", Value: hit}) // by the client
 }
 
 // valueOf builds the committed value from a slot (mapped, not copied) or

@@ -29,6 +29,7 @@ type nodeFlags struct {
 	leaseTTL      time.Duration
 	storeTTL      time.Duration
 	strict        bool
+	shmMaxBytes   int64
 }
 
 func (f *nodeFlags) register(fs *pflag.FlagSet) {
@@ -44,6 +45,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", 5*time.Second, "lease TTL")
 	fs.DurationVar(&f.storeTTL, "store-ttl", time.Hour, "committed record TTL")
 	fs.BoolVar(&f.strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
+	fs.Int64Var(&f.shmMaxBytes, "shm-max-bytes", 0, "budget of the shm payload store in bytes (0: the store's default)")
 }
 
 func (f *nodeFlags) natsOptions() []nats.Option {
@@ -73,7 +75,11 @@ func (f *nodeFlags) join(ctx context.Context, logger *slog.Logger, extra ...coor
 		return nil, err
 	}
 	j := &joined{nc: nc}
-	if j.store, err = shm.Open(f.shmDir, shm.WithNode(f.node)); err != nil {
+	sopts := []shm.Option{shm.WithNode(f.node)}
+	if f.shmMaxBytes > 0 {
+		sopts = append(sopts, shm.WithMaxBytes(f.shmMaxBytes))
+	}
+	if j.store, err = shm.Open(f.shmDir, sopts...); err != nil {
 		nc.Close()
 		return nil, err
 	}

@@ -1,0 +1,41 @@
+"""Client of the embcache node agent.
+
+An encoder stage asks the node's agent (``embcache agent``, one per node)
+for the embedding of an input. A hit comes back as a read-only mapping of
+the agent's shared-memory file (a numpy array or torch tensor over it when
+those are importable, without a copy); a miss as a reservation: this
+process computes, and the agent shares the result with every process of
+the cluster.
+
+    from embcache import EmbeddingCache, EncoderPreprocessingConfig
+
+    cache = EmbeddingCache("/run/embcache/agent.sock")
+    key = cache.key_from_raw_bytes(config, jpeg_bytes)
+    emb = cache.get_or_compute(key, lambda: encoder(pixels), request_id)
+    ...
+    cache.cleanup_request(request_id)
+"""
+
+from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
+from .client import (
+    AgentUnavailable,
+    APIError,
+    EmbcacheError,
+    Embedding,
+    EmbeddingCache,
+    Reservation,
+    Tensor,
+)
+
+__all__ = [
+    "AgentUnavailable",
+    "APIError",
+    "EmbcacheError",
+    "Embedding",
+    "EmbeddingCache",
+    "EmbeddingCacheKey",
+    "EncoderPreprocessingConfig",
+    "Reservation",
+    "StageCacheConfig",
+    "Tensor",
+]

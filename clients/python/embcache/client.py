@@ -1,0 +1,456 @@
+"""EmbeddingCache: the agent's client."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import mmap
+import os
+import socket
+import threading
+import uuid
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
+from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
+
+log = logging.getLogger("embcache")
+
+try:  # optional: hits become arrays over the mapping
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised where numpy is absent
+    _np = None
+
+
+class EmbcacheError(Exception):
+    """Base of the client's errors."""
+
+
+class AgentUnavailable(EmbcacheError):
+    """The agent's socket cannot be reached (or the agent's store is down,
+    in strict mode)."""
+
+
+class APIError(EmbcacheError):
+    """The agent answered a call with an error."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"agent: {status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Tensor(NamedTuple):
+    """A computed value without numpy: contiguous little-endian bytes."""
+
+    data: Any  # bytes-like
+    dtype: str  # float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool
+    shape: Sequence[int]
+
+
+_NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int8": "i1", "uint8": "u1",
+                 "int16": "<i2", "int32": "<i4", "int64": "<i8", "bool": "?", "bfloat16": "<u2"}
+_FROM_NUMPY = {"float32": "float32", "float16": "float16", "float64": "float64", "int8": "int8", "uint8": "uint8",
+               "int16": "int16", "int32": "int32", "int64": "int64", "bool": "bool"}
+
+
+class Embedding:
+    """A hit: the value's tensor data mapped read-only from the agent's
+    shared-memory file, without a copy. It stays valid while the request
+    that looked it up holds its pin (until cleanup_request) and while this
+    object is open; close() unmaps it."""
+
+    def __init__(self, key: EmbeddingCacheKey, value: dict, path: str):
+        self.key = key
+        self.path = path  # how the agent got it: local-hit, remote-hit, waited, computed, ...
+        self.file = value["file"]
+        self.dtype: str = value["dtype"]
+        self.shape = tuple(value.get("shape") or ())
+        self.kind: str = value["kind"]
+        self.tokens = tuple(value.get("tokens") or ())
+        self.checksum: str = value["checksum"]
+        offset, length = value["offset"], value["length"]
+        fd = os.open(self.file, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if offset < 0 or length < 0 or offset + length > size:
+                raise EmbcacheError(f"hit [{offset}, +{length}) outside {self.file} ({size} bytes)")
+            self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(fd)
+        whole = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
+        self._views = [whole]
+        self.buffer: memoryview = whole[offset:offset + length]  # read-only
+        self._views.append(self.buffer)
+
+    def numpy(self):
+        """A read-only numpy array over the mapping (no copy). bfloat16,
+        which numpy lacks, comes back as uint16."""
+        if _np is None:
+            raise EmbcacheError("numpy is not installed")
+        arr = _np.frombuffer(self.buffer, dtype=_np.dtype(_NUMPY_DTYPES[self.dtype]))
+        return arr.reshape(self.shape) if self.shape else arr
+
+    def torch(self):
+        """A torch tensor over the mapping (no copy). It must not be
+        written to: the pages are read-only and a write faults."""
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about non-writable buffers
+            if self.dtype == "bfloat16":
+                t = torch.frombuffer(self.buffer, dtype=torch.int16).view(torch.bfloat16)
+            else:
+                t = torch.frombuffer(self.buffer, dtype=getattr(torch, self.dtype))
+        return t.reshape(self.shape)
+
+    def tobytes(self) -> bytes:
+        """A copy of the tensor data."""
+        return self.buffer.tobytes()
+
+    def close(self) -> None:
+        for v in reversed(self._views):
+            v.release()
+        self._views = []
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Embedding({self.key}, {self.dtype}{list(self.shape)}, {self.path})"
+
+
+class Reservation:
+    """This process must compute the key: commit the value, or abandon."""
+
+    def __init__(self, cache: "EmbeddingCache", key: EmbeddingCacheKey, reservation: str, request_id: str):
+        self.cache, self.key, self.id, self.request_id = cache, key, reservation, request_id
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"Reservation({self.key}, {self.id})"
+
+
+class _Connection:
+    """One HTTP/1.1 connection to the agent's Unix socket. Written by hand
+    rather than with http.client, whose header parsing costs more than the
+    rest of a hit: a lookup here is a write and a few buffered reads."""
+
+    def __init__(self, path: str, timeout: Optional[float]):
+        self.path, self.timeout = path, timeout
+        self.sock = None
+        self.rfile = None
+
+    def _connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.path)
+        except OSError:
+            s.close()
+            raise
+        self.sock, self.rfile = s, s.makefile("rb")
+
+    def request(self, method: str, path: str, body: Optional[bytes]) -> tuple:
+        """Sends one request; returns (status, body)."""
+        if self.sock is None:
+            self._connect()
+        body = body or b""
+        head = f"{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.sock.sendall(head.encode("ascii") + body)
+        status_line = self.rfile.readline(65537)
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise http.client.BadStatusLine(repr(status_line))
+        status = int(parts[1])
+        length, chunked, close = None, False, False
+        while True:
+            line = self.rfile.readline(65537)
+            if not line:
+                raise http.client.IncompleteRead(b"")
+            if line in (b"\r\n", b"\n"):
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+        if chunked:
+            data = self._read_chunked()
+        elif length is not None:
+            data = self._read_exact(length)
+        elif status in (204, 304) or 100 <= status < 200:
+            data = b""
+        else:
+            data, close = self.rfile.read(), True
+        if close:
+            self.close()
+        return status, data
+
+    def _read_exact(self, n: int) -> bytes:
+        data = self.rfile.read(n)
+        if len(data) != n:
+            raise http.client.IncompleteRead(data, n - len(data))
+        return data
+
+    def _read_chunked(self) -> bytes:
+        out = []
+        while True:
+            size = int(self.rfile.readline(65537).split(b";")[0], 16)
+            if size == 0:
+                while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(out)
+            out.append(self._read_exact(size))
+            self._read_exact(2)
+
+    def close(self) -> None:
+        if self.rfile is not None:
+            self.rfile.close()
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = self.rfile = None
+
+
+Value = Union["Tensor", Any]  # a numpy array, a torch tensor, or a Tensor
+
+
+class EmbeddingCache:
+    """The node agent's client. Thread-safe: each thread keeps its own
+    connection, and what a connection holds (pins, reservations) is given
+    back by the agent when it closes, so a killed process leaks nothing.
+
+    With enabled=False the client is a pass-through: get_or_compute calls
+    compute_fn every time and the agent is never contacted. When the agent
+    cannot be reached, store_unavailable_mode="degrade" computes locally
+    (logged) and "strict" raises AgentUnavailable.
+    """
+
+    def __init__(self, socket_path: Optional[str] = None, *, enabled: bool = True,
+                 store_unavailable_mode: str = "degrade", timeout: Optional[float] = 300.0,
+                 client_id: Optional[str] = None):
+        if store_unavailable_mode not in ("degrade", "strict"):
+            raise ValueError(f"store_unavailable_mode {store_unavailable_mode!r}: want degrade or strict")
+        if enabled and not socket_path:
+            raise ValueError("socket_path is required when the cache is enabled")
+        self.enabled = enabled
+        self.socket_path = socket_path
+        self.strict = store_unavailable_mode == "strict"
+        self.timeout = timeout
+        self.client_id = client_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._local = threading.local()
+        self._conns = []
+        self._lock = threading.Lock()
+        self.degraded = 0  # computes done without the agent
+
+    @classmethod
+    def from_stage_config(cls, stage: Optional[dict]) -> "EmbeddingCache":
+        """A client for a stage config's ``embedding_cache`` block."""
+        c = StageCacheConfig.from_stage_config(stage)
+        return cls(c.agent_socket, enabled=c.enable_embedding_cache, store_unavailable_mode=c.store_unavailable_mode,
+                   timeout=c.request_timeout_s)
+
+    # -- transport ---------------------------------------------------------
+
+    def _conn(self) -> _Connection:
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = _Connection(self.socket_path, self.timeout)
+            self._local.conn = c
+            with self._lock:
+                self._conns.append(c)
+        return c
+
+    def _drop_conn(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None, retry: bool = False) -> Optional[dict]:
+        if not self.enabled:
+            raise EmbcacheError("the embedding cache is disabled")
+        payload = json.dumps(body).encode() if body is not None else None
+        for attempt in (0, 1):
+            conn = self._conn()
+            try:
+                status, data = conn.request(method, path, payload)
+            except (OSError, ValueError, http.client.HTTPException) as e:
+                self._drop_conn()
+                # A reconnect is a new session on the agent: only calls that
+                # hold nothing (keys, lookups, stats) are tried again.
+                if retry and attempt == 0 and not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
+                    continue
+                raise AgentUnavailable(f"agent at {self.socket_path}: {e}") from e
+            if status // 100 != 2:
+                try:
+                    err = json.loads(data)
+                except ValueError:
+                    err = {"code": "internal", "error": data.decode(errors="replace")}
+                if status == 503 and self.strict:
+                    raise AgentUnavailable(err.get("error", ""))
+                raise APIError(status, err.get("code", ""), err.get("error", ""))
+            return json.loads(data) if data else None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Closes every connection: the agent releases their pins and
+        abandons their reservations."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+        self._local = threading.local()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- keys --------------------------------------------------------------
+
+    def _key(self, body: dict) -> EmbeddingCacheKey:
+        r = self._call("POST", "/v1/key", body, retry=True)
+        return EmbeddingCacheKey(key=r["key"], tenant=r["tenant"], model=r.get("model", ""),
+                                 weight_epoch=r.get("weight_epoch", 0), prefix_keys=tuple(r.get("prefix_keys") or ()))
+
+    def key_from_raw_bytes(self, config: EncoderPreprocessingConfig, data) -> EmbeddingCacheKey:
+        """The key of raw input bytes under config."""
+        return self._key({"config": config.to_wire(), "mode": "raw-bytes", "data": _b64(data)})
+
+    def key_from_decoded_tensor(self, config: EncoderPreprocessingConfig, tensor, dtype: Optional[str] = None,
+                                shape: Optional[Sequence[int]] = None) -> EmbeddingCacheKey:
+        """The key of a decoded tensor: a numpy array or torch tensor, or
+        bytes with dtype and shape."""
+        data, dtype, shape = _tensor_parts(tensor, dtype, shape)
+        return self._key({"config": config.to_wire(), "mode": "decoded-tensor", "data": _b64(data),
+                          "dtype": dtype, "shape": list(shape)})
+
+    def key_from_tokens(self, config: EncoderPreprocessingConfig, tokens: Sequence[int], block_size: int = 0) -> EmbeddingCacheKey:
+        """The key of a token sequence; prefix_keys holds each whole block prefix's."""
+        return self._key({"config": config.to_wire(), "mode": "tokens", "tokens": list(tokens), "block_size": block_size})
+
+    # -- the cache ---------------------------------------------------------
+
+    def reserve(self, key: EmbeddingCacheKey, request_id: str) -> Union[Embedding, Reservation]:
+        """Looks key up: a hit (an Embedding), or a Reservation when this
+        process must compute. Waits while another process computes it."""
+        r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=self.client_id, request_id=request_id), retry=True)
+        if r["status"] == "hit":
+            return Embedding(key, r["value"], r.get("path", ""))
+        return Reservation(self, key, r["reservation"], request_id)
+
+    lookup = reserve
+
+    def commit(self, reservation: Reservation, value: Value, dtype: Optional[str] = None,
+               shape: Optional[Sequence[int]] = None) -> Embedding:
+        """Hands the computed value to the agent, which shares it with the
+        cluster; returns it as a hit. The value is written once into a slot
+        file in shared memory (never through the socket)."""
+        data, dtype, shape = _tensor_parts(value, dtype, shape)
+        mv = memoryview(data).cast("B")
+        try:
+            slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes})
+            with open(slot["file"], "r+b", buffering=0) as f:
+                f.write(mv)
+            r = self._call("POST", "/v1/commit", {"reservation": reservation.id, "client": self.client_id,
+                                                  "request_id": reservation.request_id, "dtype": dtype,
+                                                  "shape": list(shape), "slot": slot["slot"]})
+        finally:
+            mv.release()
+        reservation.done = True
+        return Embedding(reservation.key, r["value"], r.get("path", ""))
+
+    def abandon(self, reservation: Reservation, reason: str = "") -> None:
+        """Gives the reservation up: another process may compute the key."""
+        if reservation.done:
+            return
+        reservation.done = True
+        try:
+            self._call("POST", "/v1/abandon", {"reservation": reservation.id, "reason": reason})
+        except APIError as e:
+            if e.status != 404:  # already ended (its connection closed): nothing to give up
+                raise
+
+    def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], Value], request_id: str):
+        """The value of key: from the cache, or computed once in the cluster
+        (here, by compute_fn, when this process is the one). Returns an
+        Embedding, or compute_fn's result where the cache is off or
+        degraded (the agent unreachable in degrade mode)."""
+        if not self.enabled or key is None:
+            return compute_fn()
+        try:
+            got = self.reserve(key, request_id)
+        except AgentUnavailable as e:
+            if self.strict:
+                raise
+            self.degraded += 1
+            log.warning("embcache: agent unavailable, computing locally: %s", e)
+            return compute_fn()
+        if isinstance(got, Embedding):
+            return got
+        try:
+            value = compute_fn()
+        except BaseException as e:
+            self.abandon(got, f"compute_fn raised {type(e).__name__}: {e}")
+            raise
+        try:
+            return self.commit(got, value)
+        except BaseException:
+            try:
+                self.abandon(got, "commit failed")
+            except EmbcacheError:
+                pass
+            raise
+
+    def cleanup_request(self, request_id: str) -> int:
+        """Ends a request: unpins every value it looked up."""
+        if not self.enabled:
+            return 0
+        return self._call("POST", "/v1/release", {"client": self.client_id, "request_id": request_id})["released"]
+
+    def stats(self) -> dict:
+        """The agent's and its cache's counters."""
+        return self._call("GET", "/v1/stats", retry=True)
+
+
+def _b64(data) -> str:
+    return base64.b64encode(memoryview(data).cast("B")).decode("ascii")
+
+
+def _tensor_parts(value, dtype, shape):
+    """(bytes-like, dtype name, shape) of a numpy array, torch tensor or Tensor."""
+    if isinstance(value, Tensor):
+        return value.data, value.dtype, tuple(value.shape)
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        t = value.detach().contiguous().cpu()
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().data, "bfloat16", tuple(t.shape)
+        return t.numpy().data, name, tuple(t.shape)
+    if _np is not None and isinstance(value, _np.ndarray):
+        a = _np.ascontiguousarray(value)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        name = dtype or _FROM_NUMPY.get(a.dtype.name)
+        if name is None:
+            raise EmbcacheError(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
+        return a.data, name, tuple(shape) if shape is not None else a.shape
+    if dtype is None or shape is None:
+        raise EmbcacheError("bytes need dtype= and shape= (or pass a numpy array, a torch tensor or a Tensor)")
+    return value, dtype, tuple(shape)

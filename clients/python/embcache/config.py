@@ -1,0 +1,147 @@
+"""Preprocessing configs, keys and the stage-config fragment."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class EncoderPreprocessingConfig:
+    """Every parameter that changes what the encoder produces for an input.
+
+    The RFC's fields plus the modality, the weight epoch and the tenant. All
+    of them are part of the key, and the agent refuses a config that lacks
+    one: a field left out would let two different preprocessings share
+    a key (a silent false hit). Field names are those of docs/protocol.md.
+    """
+
+    model_id: str
+    model_revision: str
+    encoder_config_hash: str
+    processor_version: str
+    modality: str  # image, video, audio, tokens
+    tenant: str
+    cache_schema_version: int = 1
+    resize_mode: str = ""
+    image_size: Tuple[int, int] = (0, 0)  # width, height
+    crop_mode: str = ""
+    normalize_mean: Tuple[float, ...] = ()
+    normalize_std: Tuple[float, ...] = ()
+    audio_sample_rate: int = 0
+    audio_codec_version: str = ""
+    audio_codec_config_hash: str = ""
+    video_frame_stride: int = 0
+    input_dtype: str = ""
+    weight_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        # Lists from JSON or YAML become tuples: the config stays hashable.
+        for name in ("image_size", "normalize_mean", "normalize_std"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+
+    def to_wire(self) -> dict:
+        """The config as the agent takes it: every field, by its wire name."""
+        d = dataclasses.asdict(self)
+        for name in ("image_size", "normalize_mean", "normalize_std"):
+            d[name] = list(d[name])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EncoderPreprocessingConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown preprocessing config fields: {unknown}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class EmbeddingCacheKey:
+    """The content-addressed key of an input (BLAKE3, 256 bits) and what
+    the agent needs besides: the tenant, and the model and weight epoch
+    (kept with the value so that a weight update invalidates it).
+
+    Keys are made by the agent (see EmbeddingCache.key_from_raw_bytes), so
+    they are exactly the keys Go computes.
+    """
+
+    key: str  # 64 hex digits
+    tenant: str
+    model: str = ""
+    weight_epoch: int = 0
+    prefix_keys: Tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.key) != 64 or any(c not in "0123456789abcdef" for c in self.key):
+            raise ValueError(f"key {self.key!r}: want 64 lowercase hex digits")
+
+    @classmethod
+    def from_raw_bytes(cls, cache, config: EncoderPreprocessingConfig, data) -> "EmbeddingCacheKey":
+        """The key of raw input bytes (a JPEG, a WAV), made by cache's agent."""
+        return cache.key_from_raw_bytes(config, data)
+
+    @classmethod
+    def from_decoded_tensor(cls, cache, config: EncoderPreprocessingConfig, tensor, dtype=None, shape=None) -> "EmbeddingCacheKey":
+        """The key of a decoded tensor (dtype and shape are part of it)."""
+        return cache.key_from_decoded_tensor(config, tensor, dtype=dtype, shape=shape)
+
+    def to_wire(self) -> dict:
+        return {"key": self.key, "tenant": self.tenant, "model": self.model, "weight_epoch": self.weight_epoch}
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.key}"
+
+
+@dataclass(frozen=True)
+class StageCacheConfig:
+    """The ``embedding_cache`` block of a stage config
+    (examples/stage_config.yaml). Off unless enable_embedding_cache."""
+
+    enable_embedding_cache: bool = False
+    store_unavailable_mode: str = "degrade"  # degrade | strict
+    agent_socket: str = "/run/embcache/agent.sock"
+    request_timeout_s: float = 300.0
+    lease_ttl_s: float = 5.0
+    store_ttl_s: float = 3600.0
+    local_max_bytes: int = 0
+    shm_max_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.store_unavailable_mode not in ("degrade", "strict"):
+            raise ValueError(f"store_unavailable_mode {self.store_unavailable_mode!r}: want degrade or strict")
+        if self.request_timeout_s <= 0 or self.lease_ttl_s <= 0 or self.store_ttl_s <= 0:
+            raise ValueError("timeouts and TTLs must be positive")
+        if self.local_max_bytes < 0 or self.shm_max_bytes < 0:
+            raise ValueError("budgets must be >= 0 (0: the agent's default)")
+
+    @classmethod
+    def from_stage_config(cls, stage: Optional[Mapping[str, Any]]) -> "StageCacheConfig":
+        """Reads the ``embedding_cache`` block of a parsed stage config (or
+        the block itself); a missing block means the cache is off."""
+        if not stage:
+            return cls()
+        block = stage.get("embedding_cache", stage)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(block) - names)
+        if unknown:
+            raise ValueError(f"embedding_cache: unknown keys {unknown}")
+        return cls(**block)
+
+    def agent_args(self) -> list:
+        """The ``embcache agent`` flags these settings stand for: the agent
+        owns TTLs and budgets, the stage only names them."""
+        args = ["--socket", self.agent_socket, "--lease-ttl", f"{self.lease_ttl_s}s", "--store-ttl", f"{self.store_ttl_s}s",
+                "--compute-timeout", f"{self.request_timeout_s}s"]
+        if self.strict:
+            args.append("--strict")
+        if self.local_max_bytes:
+            args += ["--local-max-bytes", str(self.local_max_bytes)]
+        if self.shm_max_bytes:
+            args += ["--shm-max-bytes", str(self.shm_max_bytes)]
+        return args
+
+    @property
+    def strict(self) -> bool:
+        return self.store_unavailable_mode == "strict"

@@ -1,0 +1,189 @@
+"""One process against real agents: hits, reservations, commits, the
+disabled pass-through, an unreachable agent, numpy without a copy."""
+
+import os
+import socket
+import tempfile
+import threading
+import unittest
+
+from embcache import AgentUnavailable, APIError, Embedding, EmbeddingCache, Reservation, StageCacheConfig, Tensor
+
+from . import harness
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = harness.Cluster()
+        cls.sock1 = cls.cluster.agent("n1")
+        cls.sock2 = cls.cluster.agent("n2")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def setUp(self):
+        self.cache = EmbeddingCache(self.sock1)
+        self.addCleanup(self.cache.close)
+
+    def test_get_or_compute_once(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-once")
+        calls = []
+
+        def compute():
+            calls.append(1)
+            return Tensor(bytes(range(256)) * 64, "uint8", (64, 256))
+
+        first = self.cache.get_or_compute(key, compute, "r1")
+        self.assertIsInstance(first, Embedding)
+        self.assertEqual(first.path, "computed")
+        self.assertEqual(first.shape, (64, 256))
+        self.assertEqual(first.tobytes(), bytes(range(256)) * 64)
+        self.assertTrue(first.buffer.readonly)
+        # The other agent (another node) pulls it; compute does not run again.
+        with EmbeddingCache(self.sock2) as other:
+            second = other.get_or_compute(key, compute, "r2")
+            self.assertEqual(second.path, "remote-hit")
+            self.assertEqual(second.tobytes(), first.tobytes())
+            self.assertEqual(second.checksum, first.checksum)
+            second.close()
+            self.assertEqual(other.cleanup_request("r2"), 1)
+        self.assertEqual(len(calls), 1)
+        first.close()
+        self.assertEqual(self.cache.cleanup_request("r1"), 1)
+
+    def test_reserve_commit_abandon(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-abandon")
+        got = self.cache.reserve(key, "r1")
+        self.assertIsInstance(got, Reservation)
+        self.cache.abandon(got, "encoder OOM")
+        again = self.cache.reserve(key, "r1")  # abandoned: this process may take it again
+        self.assertIsInstance(again, Reservation)
+        hit = self.cache.commit(again, Tensor(b"\x00\x00\x80\x3f" * 4, "float32", (2, 2)))
+        self.assertEqual(hit.dtype, "float32")
+        self.assertEqual(hit.shape, (2, 2))
+        hit.close()
+        self.cache.cleanup_request("r1")
+        stats = self.cache.stats()
+        self.assertGreaterEqual(stats["agent"]["abandons"], 1)
+        self.assertGreaterEqual(stats["agent"]["commits"], 1)
+
+    def test_compute_error_abandons(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-error")
+        with self.assertRaises(ZeroDivisionError):
+            self.cache.get_or_compute(key, lambda: 1 / 0, "r1")
+        value = self.cache.get_or_compute(key, lambda: Tensor(b"abcd", "uint8", (4,)), "r1")
+        self.assertEqual(value.tobytes(), b"abcd")
+        value.close()
+
+    def test_threads_share_one_compute(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-threads")
+        started, release = threading.Event(), threading.Event()
+        calls, results = [], []
+
+        def compute():
+            calls.append(1)
+            started.set()
+            release.wait(10)
+            return Tensor(b"x" * 4096, "uint8", (4096,))
+
+        def worker(i):
+            results.append(self.cache.get_or_compute(key, compute, f"t{i}").tobytes())
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        threads[0].start()
+        self.assertTrue(started.wait(10))
+        for t in threads[1:]:
+            t.start()
+        harness.wait_until(lambda: self.cache.stats()["agent"]["lookups"] >= 4, what="waiters")
+        release.set()
+        for t in threads:
+            t.join(10)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(results, [b"x" * 4096] * 4)
+
+    def test_bad_commit_is_refused(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-bad")
+        r = self.cache.reserve(key, "r1")
+        with self.assertRaises(APIError) as e:  # 3 bytes are not one float32
+            self.cache.commit(r, Tensor(b"abc", "float32", (1,)))
+        self.assertEqual(e.exception.status, 400)
+        r.done = False
+        self.cache.abandon(r)
+
+    @unittest.skipIf(np is None, "numpy not installed (make test installs Debian's python3-numpy)")
+    def test_numpy_hit_is_a_readonly_view(self):
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-numpy")
+        want = np.arange(2 * 1024 * 1024, dtype=np.float32).reshape(1024, 2048)
+        emb = self.cache.get_or_compute(key, lambda: want, "r1")
+        arr = emb.numpy()
+        self.assertEqual(arr.dtype, np.float32)
+        self.assertEqual(arr.shape, (1024, 2048))
+        self.assertTrue(np.array_equal(arr, want))
+        self.assertFalse(arr.flags.writeable)
+        with self.assertRaises(ValueError):
+            arr[0, 0] = 1
+        # No copy: the array's memory is the mapping's.
+        view = np.frombuffer(emb.buffer, dtype=np.uint8)
+        self.assertTrue(np.shares_memory(arr, view))
+        del arr, view
+        emb.close()
+
+
+class PassThroughTest(unittest.TestCase):
+    def test_disabled_calls_compute_every_time_and_never_the_agent(self):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "agent.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(1)
+        listener.setblocking(False)
+        try:
+            cache = EmbeddingCache.from_stage_config({"embedding_cache": {"enable_embedding_cache": False, "agent_socket": path}})
+            calls = []
+            for i in range(3):
+                self.assertEqual(cache.get_or_compute(None, lambda: calls.append(i) or "value", f"r{i}"), "value")
+            self.assertEqual(len(calls), 3)
+            self.assertEqual(cache.cleanup_request("r0"), 0)
+            with self.assertRaises(BlockingIOError):
+                listener.accept()  # nobody connected
+        finally:
+            listener.close()
+            os.remove(path)
+            os.rmdir(d)
+
+    def test_unreachable_agent(self):
+        missing = os.path.join(tempfile.gettempdir(), "embcache-no-such-agent.sock")
+        from embcache import EmbeddingCacheKey
+
+        key = EmbeddingCacheKey(key="ab" * 32, tenant="acme")
+        degrade = EmbeddingCache(missing)
+        with self.assertLogs("embcache", "WARNING"):
+            self.assertEqual(degrade.get_or_compute(key, lambda: "local", "r1"), "local")
+        self.assertEqual(degrade.degraded, 1)
+        strict = EmbeddingCache(missing, store_unavailable_mode="strict")
+        with self.assertRaises(AgentUnavailable):
+            strict.get_or_compute(key, lambda: "local", "r1")
+
+    def test_stage_config(self):
+        c = StageCacheConfig.from_stage_config({"embedding_cache": {
+            "enable_embedding_cache": True, "store_unavailable_mode": "strict", "agent_socket": "/run/a.sock",
+            "lease_ttl_s": 2, "store_ttl_s": 600, "shm_max_bytes": 1 << 30}})
+        self.assertTrue(c.strict)
+        self.assertEqual(c.agent_args()[:2], ["--socket", "/run/a.sock"])
+        self.assertIn("--strict", c.agent_args())
+        self.assertFalse(StageCacheConfig.from_stage_config(None).enable_embedding_cache)
+        with self.assertRaises(ValueError):
+            StageCacheConfig.from_stage_config({"embedding_cache": {"store_unavailable_mode": "maybe"}})
+        with self.assertRaises(ValueError):
+            StageCacheConfig.from_stage_config({"embedding_cache": {"enable_cache": True}})
+
+
+if __name__ == "__main__":
+    unittest.main()

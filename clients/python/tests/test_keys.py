@@ -1,0 +1,84 @@
+"""The key the Python side names is the key Go computes."""
+
+import dataclasses
+import json
+import unittest
+
+from embcache import APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Tensor
+
+from . import harness
+
+
+class KeyParityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = harness.Cluster()
+        cls.cache = EmbeddingCache(cls.cluster.agent("n1"))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cache.close()
+        cls.cluster.close()
+
+    def test_vectors(self):
+        with open(harness.VECTORS) as f:
+            vectors = json.load(f)["vectors"]
+        self.assertGreater(len(vectors), 10)
+        for v in vectors:
+            with self.subTest(v["name"]):
+                cfg = EncoderPreprocessingConfig.from_dict(v["config"])
+                data = bytes.fromhex(v.get("input_hex", ""))
+                if v["mode"] == "raw-bytes":
+                    k = EmbeddingCacheKey.from_raw_bytes(self.cache, cfg, data)
+                elif v["mode"] == "decoded-tensor":
+                    k = EmbeddingCacheKey.from_decoded_tensor(self.cache, cfg, Tensor(data, v["dtype"], v["shape"]))
+                else:
+                    k = self.cache.key_from_tokens(cfg, v["tokens"], v["block_size"])
+                    self.assertEqual(list(k.prefix_keys), v.get("prefix_keys") or [])
+                self.assertEqual(k.key, v["key"])
+                self.assertEqual(k.tenant, v["config"]["tenant"])
+
+    def test_config_has_every_field(self):
+        # The agent refuses a config without one of its fields, so the
+        # vectors above pass only if the dataclass carries them all; this
+        # names the fields when one is added on either side.
+        with open(harness.VECTORS) as f:
+            go_fields = set(json.load(f)["vectors"][0]["config"])
+        self.assertEqual({f.name for f in dataclasses.fields(EncoderPreprocessingConfig)}, go_fields)
+
+    def test_every_field_changes_the_key(self):
+        image = harness.config()
+        video = dataclasses.replace(image, modality="video", video_frame_stride=2)
+        audio = harness.config(modality="audio", resize_mode="", image_size=(0, 0), crop_mode="", normalize_mean=(),
+                               normalize_std=(), audio_sample_rate=16000, audio_codec_version="c1",
+                               audio_codec_config_hash="h1", input_dtype="float32")
+        changes = [(image, dict(model_id="other")), (image, dict(model_revision="r2")),
+                   (image, dict(encoder_config_hash="b3:x")), (image, dict(processor_version="p2")),
+                   (image, dict(modality="video", video_frame_stride=1)), (image, dict(tenant="beta")),
+                   (image, dict(cache_schema_version=2)), (image, dict(resize_mode="bilinear")),
+                   (image, dict(image_size=(224, 224))), (image, dict(crop_mode="none")),
+                   (image, dict(normalize_mean=(0.4, 0.5, 0.5))), (image, dict(normalize_std=(0.5, 0.5, 0.6))),
+                   (audio, dict(audio_sample_rate=24000)), (audio, dict(audio_codec_version="c2")),
+                   (audio, dict(audio_codec_config_hash="h2")), (video, dict(video_frame_stride=3)),
+                   (image, dict(input_dtype="float32")), (image, dict(weight_epoch=1))]
+        changed = set()
+        for base, change in changes:
+            with self.subTest(change):
+                k0 = self.cache.key_from_raw_bytes(base, b"jpeg")
+                k = self.cache.key_from_raw_bytes(dataclasses.replace(base, **change), b"jpeg")
+                self.assertNotEqual(k.key, k0.key)
+                changed |= set(change)
+        self.assertEqual(changed, {f.name for f in dataclasses.fields(EncoderPreprocessingConfig)})
+
+    def test_bad_config_is_refused(self):
+        with self.assertRaises(APIError) as e:
+            self.cache.key_from_raw_bytes(harness.config(tenant="a.b"), b"x")
+        self.assertEqual(e.exception.status, 400)
+        with self.assertRaises(ValueError):
+            EncoderPreprocessingConfig.from_dict(dict(harness.config().to_wire(), crop="center"))
+        with self.assertRaises(ValueError):
+            EmbeddingCacheKey(key="xyz", tenant="acme")
+
+
+if __name__ == "__main__":
+    unittest.main()
