@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"github.com/nats-io/nats.go/jetstream"
 	"sync"
 	"testing"
 	"time"
@@ -248,6 +249,19 @@ func TestDegradeThenResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return a.nc.IsConnected() && b.nc.IsConnected() })
+	// Connected is not yet answering: the restarted server recovers the
+	// bucket's stream first, and a's ops time out after 200 ms.
+	js, _ := jetstream.New(a.nc)
+	waitFor(t, func() bool {
+		octx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		kv, err := js.KeyValue(octx, DefaultBucket)
+		if err != nil {
+			return false
+		}
+		_, err = kv.Status(octx)
+		return err == nil
+	})
 	if _, path, err = a.GetOrComputePath(ctx, "r", ref(4), cnt.fn(4)); err != nil || path != PathComputed {
 		t.Fatalf("after restart: %v %v", path, err)
 	}
