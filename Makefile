@@ -53,7 +53,7 @@ bench: build debs
 
 ## bench-go: the go test benchmarks of each package.
 bench-go:
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/ ./agent/
 
 ## debs: Debian packages the bench and tests use (redis-server, python3-numpy).
 DEBS := redis-server python3-numpy

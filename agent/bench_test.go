@@ -32,8 +32,8 @@ func BenchmarkLookupHit(b *testing.B) {
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "us/hit")
 }
 
-// BenchmarkHealthz: the floor of a call through the socket.
-func BenchmarkHealthz(b *testing.B) {
+// BenchmarkStatsCall: the floor of a call through the socket (GET /v1/stats).
+func BenchmarkStatsCall(b *testing.B) {
 	n := startNode(b, startServer(b).ClientURL(), "n1")
 	c := client(b, n)
 	ctx := context.Background()

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,6 +39,7 @@ type workloadFlags struct {
 	procs, goroutines, unique, requests, encodeMS int
 	zipf, embedMB                                 float64
 	systems                                       string
+	rounds                                        int
 }
 
 func (w *workloadFlags) register(fs *pflag.FlagSet) {
@@ -49,25 +51,29 @@ func (w *workloadFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&w.encodeMS, "encode-ms", 20, "workload: milliseconds of GPU time per forward (plus the CPU decode)")
 	fs.Float64Var(&w.embedMB, "embed-mb", 2, "workload: embedding size in MiB")
 	fs.StringVar(&w.systems, "systems", strings.Join(allSystems, ","), "workload: systems to compare")
+	fs.IntVar(&w.rounds, "rounds", 3, "workload: runs per system; the run with the median requests/s is reported")
 }
 
 // workloadRow is one system's run.
 type workloadRow struct {
-	System           string  `json:"system"`
-	Procs            int     `json:"procs"`
-	Goroutines       int     `json:"goroutines"`
-	Requests         int     `json:"requests"`
-	Unique           int     `json:"unique"`
-	Forwards         int     `json:"forwards"`
-	ForwardsPerInput float64 `json:"forwards_per_unique_input"`
-	RequestsPerSec   float64 `json:"requests_per_s"`
-	P50ms            float64 `json:"p50_ms"`
-	P99ms            float64 `json:"p99_ms"`
-	MsgsPerRequest   float64 `json:"messages_per_request"`
-	Errors           int     `json:"errors"`
-	Seconds          float64 `json:"seconds"`
-	Skipped          string  `json:"skipped,omitempty"`
-	Details          []any   `json:"details,omitempty"` // per process, what the system counted
+	System           string    `json:"system"`
+	Procs            int       `json:"procs"`
+	Goroutines       int       `json:"goroutines"`
+	Requests         int       `json:"requests"`
+	Unique           int       `json:"unique"`
+	Forwards         int       `json:"forwards"`
+	ForwardsPerInput float64   `json:"forwards_per_unique_input"`
+	RequestsPerSec   float64   `json:"requests_per_s"`
+	P50ms            float64   `json:"p50_ms"`
+	P99ms            float64   `json:"p99_ms"`
+	MsgsPerRequest   float64   `json:"messages_per_request"`
+	Errors           int       `json:"errors"`
+	Seconds          float64   `json:"seconds"`
+	Skipped          string    `json:"skipped,omitempty"`
+	Details          []any     `json:"details,omitempty"` // per process, what the system counted
+	Runs             int       `json:"runs"`
+	RunsPerSec       []float64 `json:"runs_requests_per_s"` // every run, ascending; the row is the median run
+	MaxForwards      int       `json:"max_forwards"`        // the most forwards of any run
 }
 
 // dedupResult is one worker process's report.
@@ -83,10 +89,10 @@ type dedupResult struct {
 
 func (w workloadFlags) validate(quick bool) (workloadFlags, error) {
 	if quick {
-		w.procs, w.goroutines, w.unique, w.requests, w.encodeMS, w.embedMB = 2, 2, 8, 40, 2, 0.0625
+		w.procs, w.goroutines, w.unique, w.requests, w.encodeMS, w.embedMB, w.rounds = 2, 2, 8, 40, 2, 0.0625, 1
 	}
-	if w.procs < 1 || w.goroutines < 1 || w.unique < 1 || w.requests < w.unique || w.encodeMS < 0 || w.embedMB <= 0 {
-		return w, usagef("workload: need procs, goroutines, unique >= 1, requests >= unique, encode-ms >= 0, embed-mb > 0")
+	if w.procs < 1 || w.goroutines < 1 || w.unique < 1 || w.requests < w.unique || w.encodeMS < 0 || w.embedMB <= 0 || w.rounds < 1 {
+		return w, usagef("workload: need procs, goroutines, unique, rounds >= 1, requests >= unique, encode-ms >= 0, embed-mb > 0")
 	}
 	for _, s := range strings.Split(w.systems, ",") {
 		if !slices.Contains(allSystems, s) {
@@ -103,10 +109,21 @@ func benchWorkload(ctx context.Context, wf workloadFlags, log io.Writer) ([]work
 	}
 	var rows []workloadRow
 	for _, sys := range strings.Split(wf.systems, ",") {
-		fmt.Fprintf(log, "workload: %s ...\n", sys)
-		row, err := runSystem(ctx, self, sys, wf)
-		if err != nil {
-			return rows, fmt.Errorf("%s: %w", sys, err)
+		var runs []workloadRow
+		for i := range wf.rounds {
+			fmt.Fprintf(log, "workload: %s (run %d of %d) ...\n", sys, i+1, wf.rounds)
+			row, err := runSystem(ctx, self, sys, wf)
+			if err != nil {
+				return rows, fmt.Errorf("%s: %w", sys, err)
+			}
+			runs = append(runs, row)
+		}
+		slices.SortFunc(runs, func(a, b workloadRow) int { return cmp.Compare(a.RequestsPerSec, b.RequestsPerSec) })
+		row := runs[len(runs)/2]
+		row.Runs = len(runs)
+		for _, r := range runs {
+			row.RunsPerSec = append(row.RunsPerSec, r.RequestsPerSec)
+			row.MaxForwards = max(row.MaxForwards, r.Forwards)
 		}
 		rows = append(rows, row)
 	}
@@ -244,17 +261,34 @@ func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResu
 		io.WriteString(p.stdin, "go\n")
 	}
 	results := make([]dedupResult, len(procs))
-	for i, p := range procs {
+	read := func(i int, p *proc, into *dedupResult) error {
 		line, err := p.out.ReadBytes('\n')
 		if err == nil {
-			err = json.Unmarshal(line, &results[i])
+			err = json.Unmarshal(line, into)
 		}
 		if err != nil {
 			p.cmd.Wait()
-			return nil, 0, fail(p, fmt.Errorf("worker %d: %w", i, err))
+			return fail(p, fmt.Errorf("worker %d: %w", i, err))
+		}
+		return nil
+	}
+	for i, p := range procs {
+		if err := read(i, p, &results[i]); err != nil {
+			return nil, 0, err
 		}
 	}
-	return results, time.Since(start), nil
+	elapsed := time.Since(start)
+	for _, p := range procs {
+		io.WriteString(p.stdin, "report\n")
+	}
+	for i, p := range procs {
+		var r dedupResult
+		if err := read(i, p, &r); err != nil {
+			return nil, 0, err
+		}
+		results[i].Forwards, results[i].Messages, results[i].Detail = r.Forwards, r.Messages, r.Detail
+	}
+	return results, elapsed, nil
 }
 
 // startRedis runs redis-server on a free loopback port, without persistence.
@@ -384,12 +418,19 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 		})
 	}
 	wg.Wait()
-	res.Forwards, res.Messages, res.Detail = enc.Forwards(), sys.messages()-m0, sys.detail()
 	if err := writeJSONLine(out, res); err != nil {
 		return err
 	}
-	// Serve the others' pulls until every process is done: the bench
-	// closes stdin then.
+	// Serve the others (their pulls; groupcache's fills of the keys this
+	// process owns) until every process is done, then report what this
+	// process did for everyone, and wait for stdin to close.
+	if _, err := control.ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting for report: %w", err)
+	}
+	res = dedupResult{Forwards: enc.Forwards(), Messages: sys.messages() - m0, Detail: sys.detail()}
+	if err := writeJSONLine(out, res); err != nil {
+		return err
+	}
 	io.Copy(io.Discard, control)
 	return nil
 }

@@ -17,19 +17,19 @@ import (
 
 // loadReport is what loadgen prints.
 type loadReport struct {
-	Requests        int            `json:"requests"`
-	UniqueInputs    int            `json:"unique_inputs"`
-	Retries         int            `json:"retries"`
-	EncoderForwards int            `json:"encoder_forwards"` // summed over the workers' own counts
-	LeasesLost      int            `json:"leases_lost"`      // leases the fencing took from a computing worker (faults)
-	ForwardsExact   bool           `json:"forwards_equal_unique_inputs"`
+	Requests        int  `json:"requests"`
+	UniqueInputs    int  `json:"unique_inputs"`
+	Retries         int  `json:"retries"`
+	EncoderForwards int  `json:"encoder_forwards"` // summed over the workers' own counts
+	LeasesLost      int  `json:"leases_lost"`      // leases the fencing took from a computing worker (faults)
+	ForwardsExact   bool `json:"forwards_equal_unique_inputs"`
 	// ForwardsOK: forwards == unique inputs, but for at most one extra
 	// forward per lease lost in a fault (a NATS election that outlasts the
 	// lease TTL lets another worker take the key over; the fencing then
 	// refuses the first holder's commit, so no value is served twice).
-	ForwardsOK bool `json:"forwards_ok"`
-	Paths           map[string]int `json:"paths"`
-	Seconds         float64        `json:"seconds"`
+	ForwardsOK bool           `json:"forwards_ok"`
+	Paths      map[string]int `json:"paths"`
+	Seconds    float64        `json:"seconds"`
 }
 
 func newLoadgen() *cobra.Command {
