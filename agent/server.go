@@ -105,7 +105,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(s.slotDir, 0o700); err != nil {
+	if err := os.MkdirAll(s.slotDir, 0o770); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -353,7 +353,7 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 	}
 	name := randomID()
 	path := filepath.Join(s.slotDir, name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660) // the socket's group may write it
 	if err == nil {
 		err = f.Truncate(req.Size)
 		f.Close()

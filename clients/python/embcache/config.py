@@ -78,13 +78,15 @@ class EmbeddingCacheKey:
             raise ValueError(f"key {self.key!r}: want 64 lowercase hex digits")
 
     @classmethod
-    def from_raw_bytes(cls, cache, config: EncoderPreprocessingConfig, data) -> "EmbeddingCacheKey":
-        """The key of raw input bytes (a JPEG, a WAV), made by cache's agent."""
-        return cache.key_from_raw_bytes(config, data)
+    def from_raw_bytes(cls, raw_bytes, config: EncoderPreprocessingConfig, *, cache) -> "EmbeddingCacheKey":
+        """The RFC's preferred mode: the key of raw input bytes (a JPEG, a
+        WAV), made by cache's agent."""
+        return cache.key_from_raw_bytes(config, raw_bytes)
 
     @classmethod
-    def from_decoded_tensor(cls, cache, config: EncoderPreprocessingConfig, tensor, dtype=None, shape=None) -> "EmbeddingCacheKey":
-        """The key of a decoded tensor (dtype and shape are part of it)."""
+    def from_decoded_tensor(cls, tensor, config: EncoderPreprocessingConfig, *, cache, dtype=None, shape=None) -> "EmbeddingCacheKey":
+        """The RFC's fallback mode: the key of a decoded tensor (its dtype
+        and shape are part of the key)."""
         return cache.key_from_decoded_tensor(config, tensor, dtype=dtype, shape=shape)
 
     def to_wire(self) -> dict:

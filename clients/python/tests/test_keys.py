@@ -29,9 +29,9 @@ class KeyParityTest(unittest.TestCase):
                 cfg = EncoderPreprocessingConfig.from_dict(v["config"])
                 data = bytes.fromhex(v.get("input_hex", ""))
                 if v["mode"] == "raw-bytes":
-                    k = EmbeddingCacheKey.from_raw_bytes(self.cache, cfg, data)
+                    k = EmbeddingCacheKey.from_raw_bytes(data, cfg, cache=self.cache)
                 elif v["mode"] == "decoded-tensor":
-                    k = EmbeddingCacheKey.from_decoded_tensor(self.cache, cfg, Tensor(data, v["dtype"], v["shape"]))
+                    k = EmbeddingCacheKey.from_decoded_tensor(Tensor(data, v["dtype"], v["shape"]), cfg, cache=self.cache)
                 else:
                     k = self.cache.key_from_tokens(cfg, v["tokens"], v["block_size"])
                     self.assertEqual(list(k.prefix_keys), v.get("prefix_keys") or [])
