@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 )
@@ -42,4 +43,41 @@ func BenchmarkStatsCall(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkLookupHitCold: as BenchmarkLookupHit, with 8 MiB copied between
+// hits (what a serving process does between them evicts the caches).
+func BenchmarkLookupHitCold(b *testing.B) {
+	n := startNode(b, startServer(b).ClientURL(), "n1")
+	c := client(b, n)
+	ctx := context.Background()
+	ref := keyOf(b, c, "bench-hit")
+	resp, err := c.Lookup(ctx, ref, "warm")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Commit(ctx, resp.Reservation, "warm", "uint8", []int64{8 << 20}, make([]byte, 8<<20)); err != nil {
+		b.Fatal(err)
+	}
+	src, dst := make([]byte, 8<<20), make([]byte, 8<<20)
+	var hits, stats []time.Duration
+	for b.Loop() {
+		copy(dst, src)
+		t0 := time.Now()
+		if _, err := c.Lookup(ctx, ref, "bench"); err != nil {
+			b.Fatal(err)
+		}
+		hits = append(hits, time.Since(t0))
+		copy(dst, src)
+		t0 = time.Now()
+		if _, err := c.Stats(ctx); err != nil {
+			b.Fatal(err)
+		}
+		stats = append(stats, time.Since(t0))
+	}
+	c.Release(ctx, "bench")
+	slices.Sort(hits)
+	slices.Sort(stats)
+	b.ReportMetric(float64(hits[len(hits)/2].Microseconds()), "us-hit-p50")
+	b.ReportMetric(float64(stats[len(stats)/2].Microseconds()), "us-stats-p50")
 }

@@ -6,6 +6,7 @@ import base64
 import http.client
 import json
 import logging
+import collections
 import mmap
 import os
 import socket
@@ -56,11 +57,11 @@ _FROM_NUMPY = {"float32": "float32", "float16": "float16", "float64": "float64",
 
 class Embedding:
     """A hit: the value's tensor data mapped read-only from the agent's
-    shared-memory file, without a copy. It stays valid while the request
-    that looked it up holds its pin (until cleanup_request) and while this
-    object is open; close() unmaps it."""
+    shared-memory file, without a copy. It stays valid while this object is
+    open (the mapping outlives the file); the request's pin, until
+    cleanup_request, keeps the value in the cache."""
 
-    def __init__(self, key: EmbeddingCacheKey, value: dict, path: str):
+    def __init__(self, key: EmbeddingCacheKey, value: dict, path: str, mappings: Optional["_Mappings"] = None):
         self.key = key
         self.path = path  # how the agent got it: local-hit, remote-hit, waited, computed, ...
         self.file = value["file"]
@@ -70,15 +71,10 @@ class Embedding:
         self.tokens = tuple(value.get("tokens") or ())
         self.checksum: str = value["checksum"]
         offset, length = value["offset"], value["length"]
-        fd = os.open(self.file, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if offset < 0 or length < 0 or offset + length > size:
-                raise EmbcacheError(f"hit [{offset}, +{length}) outside {self.file} ({size} bytes)")
-            self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
-        finally:
-            os.close(fd)
-        whole = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
+        if offset < 0 or length < 0:
+            raise EmbcacheError(f"hit [{offset}, +{length}) of {self.file}")
+        self._mmap = (mappings or _Mappings(0)).get(self.file, self.checksum, offset + length)
+        whole = memoryview(self._mmap)
         self._views = [whole]
         self.buffer: memoryview = whole[offset:offset + length]  # read-only
         self._views.append(self.buffer)
@@ -111,12 +107,12 @@ class Embedding:
         return self.buffer.tobytes()
 
     def close(self) -> None:
+        """Releases this view. The mapping may serve later hits of the same
+        value; it is unmapped once the client drops it and no view is left."""
         for v in reversed(self._views):
             v.release()
         self._views = []
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+        self._mmap = None
 
     def __enter__(self):
         return self
@@ -142,12 +138,13 @@ class Reservation:
 class _Connection:
     """One HTTP/1.1 connection to the agent's Unix socket. Written by hand
     rather than with http.client, whose header parsing costs more than the
-    rest of a hit: a lookup here is a write and a few buffered reads."""
+    rest of a hit: a call here is one send and, for the agent's small
+    answers, one recv, parsed with bytes methods."""
 
     def __init__(self, path: str, timeout: Optional[float]):
         self.path, self.timeout = path, timeout
         self.sock = None
-        self.rfile = None
+        self.buf = b""
 
     def _connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -157,7 +154,27 @@ class _Connection:
         except OSError:
             s.close()
             raise
-        self.sock, self.rfile = s, s.makefile("rb")
+        self.sock, self.buf = s, b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise http.client.IncompleteRead(self.buf)
+        self.buf += chunk
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > 65536:
+                raise http.client.LineTooLong("header line")
+            self._fill()
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
 
     def request(self, method: str, path: str, body: Optional[bytes]) -> tuple:
         """Sends one request; returns (status, body)."""
@@ -166,18 +183,18 @@ class _Connection:
         body = body or b""
         head = f"{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         self.sock.sendall(head.encode("ascii") + body)
-        status_line = self.rfile.readline(65537)
-        parts = status_line.split(None, 2)
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > 1 << 20:
+                raise http.client.HTTPException("response headers too long")
+            self._fill()
+        header, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = header.split(b"\r\n")
+        parts = lines[0].split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise http.client.BadStatusLine(repr(status_line))
+            raise http.client.BadStatusLine(repr(lines[0]))
         status = int(parts[1])
         length, chunked, close = None, False, False
-        while True:
-            line = self.rfile.readline(65537)
-            if not line:
-                raise http.client.IncompleteRead(b"")
-            if line in (b"\r\n", b"\n"):
-                break
+        for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
             if name == b"content-length":
@@ -187,40 +204,75 @@ class _Connection:
             elif name == b"connection":
                 close = b"close" in value.lower()
         if chunked:
-            data = self._read_chunked()
+            out = []
+            while True:
+                size = int(self._line().split(b";")[0], 16)
+                if size == 0:
+                    while self._line():
+                        pass  # trailers
+                    break
+                out.append(self._take(size))
+                self._take(2)
+            data = b"".join(out)
         elif length is not None:
-            data = self._read_exact(length)
+            data = self._take(length)
         elif status in (204, 304) or 100 <= status < 200:
             data = b""
-        else:
-            data, close = self.rfile.read(), True
+        else:  # delimited by the connection's end
+            try:
+                while True:
+                    self._fill()
+            except http.client.IncompleteRead:
+                pass
+            data, self.buf, close = self.buf, b"", True
         if close:
             self.close()
         return status, data
 
-    def _read_exact(self, n: int) -> bytes:
-        data = self.rfile.read(n)
-        if len(data) != n:
-            raise http.client.IncompleteRead(data, n - len(data))
-        return data
-
-    def _read_chunked(self) -> bytes:
-        out = []
-        while True:
-            size = int(self.rfile.readline(65537).split(b";")[0], 16)
-            if size == 0:
-                while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(out)
-            out.append(self._read_exact(size))
-            self._read_exact(2)
-
     def close(self) -> None:
-        if self.rfile is not None:
-            self.rfile.close()
         if self.sock is not None:
             self.sock.close()
-        self.sock = self.rfile = None
+        self.sock, self.buf = None, b""
+
+
+class _Mappings:
+    """The agent's files this process has mapped, by path and checksum. A hit
+    of a value already mapped takes a new view of the same pages instead of
+    mapping the file again: the checksum names the bytes, so the pages are
+    the value's even if the file has since been unlinked. Bounded by mapped
+    bytes; a mapping the bound drops is unmapped when its last view goes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lru = collections.OrderedDict()  # file -> (mmap, checksum)
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, file: str, checksum: str, need: int):
+        with self._lock:
+            hit = self._lru.get(file)
+            if hit is not None and hit[1] == checksum and len(hit[0]) >= need:
+                self._lru.move_to_end(file)
+                return hit[0]
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if need > size:
+                raise EmbcacheError(f"hit needs {need} bytes of {file}, which has {size}")
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        with self._lock:
+            old = self._lru.pop(file, None)
+            if old is not None:
+                self._bytes -= len(old[0])
+            if self.max_bytes > 0:
+                self._lru[file] = (mm, checksum)
+                self._bytes += size
+            while self._bytes > self.max_bytes and self._lru:
+                _, (dropped, _) = self._lru.popitem(last=False)
+                self._bytes -= len(dropped)  # unmapped by its last reference
+        return mm
 
 
 Value = Union["Tensor", Any]  # a numpy array, a torch tensor, or a Tensor
@@ -239,7 +291,7 @@ class EmbeddingCache:
 
     def __init__(self, socket_path: Optional[str] = None, *, enabled: bool = True,
                  store_unavailable_mode: str = "degrade", timeout: Optional[float] = 300.0,
-                 client_id: Optional[str] = None):
+                 client_id: Optional[str] = None, mapping_cache_bytes: int = 4 << 30):
         if store_unavailable_mode not in ("degrade", "strict"):
             raise ValueError(f"store_unavailable_mode {store_unavailable_mode!r}: want degrade or strict")
         if enabled and not socket_path:
@@ -253,6 +305,7 @@ class EmbeddingCache:
         self._conns = []
         self._lock = threading.Lock()
         self.degraded = 0  # computes done without the agent
+        self._mappings = _Mappings(mapping_cache_bytes)
 
     @classmethod
     def from_stage_config(cls, stage: Optional[dict]) -> "EmbeddingCache":
@@ -349,7 +402,7 @@ class EmbeddingCache:
         process must compute. Waits while another process computes it."""
         r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=self.client_id, request_id=request_id), retry=True)
         if r["status"] == "hit":
-            return Embedding(key, r["value"], r.get("path", ""))
+            return Embedding(key, r["value"], r.get("path", ""), self._mappings)
         return Reservation(self, key, r["reservation"], request_id)
 
     lookup = reserve
@@ -371,7 +424,7 @@ class EmbeddingCache:
         finally:
             mv.release()
         reservation.done = True
-        return Embedding(reservation.key, r["value"], r.get("path", ""))
+        return Embedding(reservation.key, r["value"], r.get("path", ""), self._mappings)
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
         """Gives the reservation up: another process may compute the key."""

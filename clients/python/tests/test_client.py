@@ -2,6 +2,7 @@
 disabled pass-through, an unreachable agent, numpy without a copy."""
 
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -122,6 +123,7 @@ class ClientTest(unittest.TestCase):
         key = self.cache.key_from_raw_bytes(harness.config(), b"image-numpy")
         want = np.arange(2 * 1024 * 1024, dtype=np.float32).reshape(1024, 2048)
         emb = self.cache.get_or_compute(key, lambda: want, "r1")
+        mapping = emb._mmap
         arr = emb.numpy()
         self.assertEqual(arr.dtype, np.float32)
         self.assertEqual(arr.shape, (1024, 2048))
@@ -134,6 +136,41 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(np.shares_memory(arr, view))
         del arr, view
         emb.close()
+        # A second hit of the value views the same mapping: no new map, no copy.
+        again = self.cache.get_or_compute(key, lambda: self.fail("computed twice"), "r2")
+        self.assertIs(again._mmap, mapping)
+        a2 = again.numpy()
+        self.assertTrue(np.array_equal(a2, want))
+        del a2
+        again.close()
+        self.cache.cleanup_request("r1")
+        self.cache.cleanup_request("r2")
+
+
+class MappingsTest(unittest.TestCase):
+    def test_reuse_remap_and_bound(self):
+        from embcache.client import _Mappings
+
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        a, b = os.path.join(d, "a"), os.path.join(d, "b")
+        for p in (a, b):
+            with open(p, "wb") as f:
+                f.write(b"x" * 4096)
+        m = _Mappings(8192)
+        first = m.get(a, "sum1", 4096)
+        self.assertIs(m.get(a, "sum1", 4096), first)  # the same value: the same pages
+        self.assertIsNot(m.get(a, "sum2", 4096), first)  # another value at that path: mapped anew
+        with self.assertRaises(Exception):
+            m.get(a, "sum3", 8192)  # the hit says more bytes than the file has
+        m.get(b, "sum1", 4096)
+        m.get(os.path.join(d, "a"), "sum2", 4096)
+        self.assertLessEqual(m._bytes, 8192)
+        with open(os.path.join(d, "c"), "wb") as f:
+            f.write(b"y" * 4096)
+        m.get(os.path.join(d, "c"), "s", 4096)  # over the bound: the oldest is dropped
+        self.assertLessEqual(m._bytes, 8192)
+        self.assertEqual(len(m._lru), 2)
 
 
 class PassThroughTest(unittest.TestCase):
