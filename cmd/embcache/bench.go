@@ -304,7 +304,7 @@ func benchPayload(quick bool) ([]benchRow, error) {
 		}
 		rows = append(rows, benchRow{"payload", "shm get " + name, float64(ours.Microseconds()), float64(base.Microseconds()),
 			"us", float64(ours) / float64(base), "maps, does not copy; baseline: memcpy"})
-		tcpAddr, stop, err := bareTCPServer(int(loc.Size))
+		tcpAddr, stop, err := workload.BareTCPServer(make([]byte, loc.Size))
 		if err != nil {
 			return nil, err
 		}
@@ -331,26 +331,4 @@ func benchPayload(quick bool) ([]benchRow, error) {
 			float64(ours) / float64(base), "checksum verified; baseline: bare loopback TCP"})
 	}
 	return rows, nil
-}
-
-// bareTCPServer writes n bytes to every connection: the floor of a pull.
-func bareTCPServer(n int) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	data := make([]byte, n)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write(data)
-			c.Close()
-		}
-	}()
-	return l.Addr().String(), func() { l.Close(); <-done }, nil
 }

@@ -49,11 +49,12 @@ const (
 	sysRedis      = "redis"
 	sysGroupcache = "groupcache"
 	sysEmbcache   = "embcache-r1"
+	sysEmbcacheNS = "embcache-r1-nosync" // SyncAlways off: as durable as the Redis peer (no persistence)
 	sysEmbcacheR3 = "embcache-r3"
 	sysEmbcacheSh = "embcache-r1-shm"
 )
 
-var allSystems = []string{sysNone, sysLocal, sysRedis, sysGroupcache, sysEmbcache, sysEmbcacheR3, sysEmbcacheSh}
+var allSystems = []string{sysNone, sysLocal, sysRedis, sysGroupcache, sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh}
 
 // dedupConfig is what the bench hands each worker process.
 type dedupConfig struct {
@@ -92,7 +93,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 		return openRedisSystem(cfg)
 	case sysGroupcache:
 		return openGroupcache(cfg, computeOf)
-	case sysEmbcache, sysEmbcacheR3, sysEmbcacheSh:
+	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
 		nf := nodeFlags{natsURL: cfg.NATS, node: fmt.Sprintf("p%d", cfg.Proc), shmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
 			replicas: cfg.Replicas, leaseTTL: 5 * time.Second, storeTTL: time.Hour}
 		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files

@@ -153,8 +153,8 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		base.PeerAddrs = append(base.PeerAddrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	}
 	switch sys {
-	case sysEmbcache, sysEmbcacheSh:
-		srv, err := embedded.Start(embedded.Options{StoreDir: dir})
+	case sysEmbcache, sysEmbcacheNS, sysEmbcacheSh:
+		srv, err := embedded.Start(embedded.Options{StoreDir: dir, NoSync: sys == sysEmbcacheNS})
 		if err != nil {
 			return row, err
 		}

@@ -14,6 +14,7 @@ import (
 	"image/jpeg"
 	"math"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -122,4 +123,27 @@ func Requests(n, unique int, s float64, seed uint64) []int {
 	}
 	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
+}
+
+// BareTCPServer writes data to every connection and closes it: the floor a
+// pull over loopback can reach, for the benchmarks' baselines. stop closes
+// the listener and waits for the server to end.
+func BareTCPServer(data []byte) (addr string, stop func(), err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(data)
+			c.Close()
+		}
+	}()
+	return l.Addr().String(), func() { l.Close(); <-done }, nil
 }

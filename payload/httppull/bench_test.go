@@ -10,30 +10,9 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/payload"
 )
-
-// bareTCP serves n bytes to every connection: the floor a pull over
-// loopback can reach.
-func bareTCP(b *testing.B, data []byte) (addr string, stop func()) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write(data)
-			c.Close()
-		}
-	}()
-	return l.Addr().String(), func() { l.Close(); <-done }
-}
 
 // BenchmarkPull pulls 8 MiB and 100 MiB values over loopback HTTP (with
 // checksum verification) and, alternately, the same bytes over a bare TCP
@@ -54,7 +33,10 @@ func BenchmarkPull(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			addr, stop := bareTCP(b, make([]byte, loc.Size))
+			addr, stop, err := workload.BareTCPServer(make([]byte, loc.Size))
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer stop()
 			dst := make([]byte, loc.Size)
 			var tPull, tTCP time.Duration
