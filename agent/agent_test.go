@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/agent"
+	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/payload"
@@ -104,7 +105,17 @@ func client(t testing.TB, n *node) *agent.Client {
 	return c
 }
 
-func testConfig() map[string]any {
+func testConfig() json.RawMessage { return configJSON(testConfigMap()) }
+
+func configJSON(m map[string]any) json.RawMessage {
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func testConfigMap() map[string]any {
 	return map[string]any{
 		"cache_schema_version": 1, "model_id": "Qwen/Qwen2.5-Omni-7B", "model_revision": "r1",
 		"encoder_config_hash": "b3:vit", "processor_version": "p1", "resize_mode": "bicubic",
@@ -145,16 +156,16 @@ func TestKeyVectors(t *testing.T) {
 	}
 	var file struct {
 		Vectors []struct {
-			Name       string         `json:"name"`
-			Mode       string         `json:"mode"`
-			Key        string         `json:"key"`
-			InputHex   string         `json:"input_hex"`
-			DType      string         `json:"dtype"`
-			Config     map[string]any `json:"config"`
-			Shape      []int64        `json:"shape"`
-			Tokens     []uint32       `json:"tokens"`
-			BlockSize  int            `json:"block_size"`
-			PrefixKeys []string       `json:"prefix_keys"`
+			Name       string          `json:"name"`
+			Mode       string          `json:"mode"`
+			Key        string          `json:"key"`
+			InputHex   string          `json:"input_hex"`
+			DType      string          `json:"dtype"`
+			Config     json.RawMessage `json:"config"`
+			Shape      []int64         `json:"shape"`
+			Tokens     []uint32        `json:"tokens"`
+			BlockSize  int             `json:"block_size"`
+			PrefixKeys []string        `json:"prefix_keys"`
 		} `json:"vectors"`
 	}
 	if err := json.Unmarshal(raw, &file); err != nil || len(file.Vectors) == 0 {
@@ -186,10 +197,10 @@ func TestKeyVectors(t *testing.T) {
 func TestKeyRejectsMissingField(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	c := client(t, n)
-	cfg := testConfig()
+	cfg := testConfigMap()
 	delete(cfg, "crop_mode")
 	cfg["crop"] = "center"
-	_, err := c.Key(context.Background(), agent.KeyRequest{Config: cfg, Mode: "raw-bytes", Data: []byte("x")})
+	_, err := c.Key(context.Background(), agent.KeyRequest{Config: configJSON(cfg), Mode: "raw-bytes", Data: []byte("x")})
 	var apiErr *agent.APIError
 	if !errors.As(err, &apiErr) || apiErr.Status != 400 || !bytes.Contains([]byte(apiErr.Message), []byte("crop_mode")) ||
 		!bytes.Contains([]byte(apiErr.Message), []byte("crop")) {
@@ -409,5 +420,30 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestKeyExactIntegers: a weight epoch past 2^53 keys as Go keys it (a
+// float64 on the way would round it, and two epochs would share a key).
+func TestKeyExactIntegers(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	m := testConfigMap()
+	m["weight_epoch"] = uint64(1<<53 + 1)
+	got, err := c.Key(context.Background(), agent.KeyRequest{Config: configJSON(m), Mode: "raw-bytes", Data: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg cachekey.PreprocessingConfig
+	if err := json.Unmarshal(configJSON(m), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	keyer, err := cachekey.NewKeyer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := keyer.RawBytes([]byte("x"))
+	if got.Key != want.String() || got.WeightEpoch != 1<<53+1 {
+		t.Fatalf("key %s epoch %d, want %s epoch %d", got.Key, got.WeightEpoch, want, uint64(1<<53+1))
 	}
 }

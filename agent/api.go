@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"encoding/json"
+
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 )
@@ -9,13 +11,13 @@ import (
 // cachekey.PreprocessingConfig: a missing field is an error, never a zero
 // that could make two different preprocessings share a key.
 type KeyRequest struct {
-	Config    map[string]any `json:"config"`
-	Mode      string         `json:"mode"`                 // raw-bytes, decoded-tensor or tokens
-	Data      []byte         `json:"data,omitempty"`       // raw bytes or tensor data (base64 in JSON)
-	DType     string         `json:"dtype,omitempty"`      // decoded-tensor
-	Shape     []int64        `json:"shape,omitempty"`      // decoded-tensor
-	Tokens    []uint32       `json:"tokens,omitempty"`     // tokens
-	BlockSize int            `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
+	Config    json.RawMessage `json:"config"`               // a JSON object, decoded once into the config: numbers stay exact
+	Mode      string          `json:"mode"`                 // raw-bytes, decoded-tensor or tokens
+	Data      []byte          `json:"data,omitempty"`       // raw bytes or tensor data (base64 in JSON)
+	DType     string          `json:"dtype,omitempty"`      // decoded-tensor
+	Shape     []int64         `json:"shape,omitempty"`      // decoded-tensor
+	Tokens    []uint32        `json:"tokens,omitempty"`     // tokens
+	BlockSize int             `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
 }
 
 // KeyRef names a cached value: what lookups take.

@@ -5,22 +5,15 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/embcache/embcache/agent"
 )
 
 // BenchmarkLookupHit: a hit of an 8 MiB value through the socket, from a Go
 // client: the agent's share of a Python hit, without the interpreter.
 func BenchmarkLookupHit(b *testing.B) {
-	n := startNode(b, startServer(b).ClientURL(), "n1")
-	c := client(b, n)
+	c, ref := committed8MiB(b)
 	ctx := context.Background()
-	ref := keyOf(b, c, "bench-hit")
-	resp, err := c.Lookup(ctx, ref, "warm")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := c.Commit(ctx, resp.Reservation, "warm", "uint8", []int64{8 << 20}, make([]byte, 8<<20)); err != nil {
-		b.Fatal(err)
-	}
 	var total time.Duration
 	for b.Loop() {
 		t0 := time.Now()
@@ -48,17 +41,8 @@ func BenchmarkStatsCall(b *testing.B) {
 // BenchmarkLookupHitCold: as BenchmarkLookupHit, with 8 MiB copied between
 // hits (what a serving process does between them evicts the caches).
 func BenchmarkLookupHitCold(b *testing.B) {
-	n := startNode(b, startServer(b).ClientURL(), "n1")
-	c := client(b, n)
+	c, ref := committed8MiB(b)
 	ctx := context.Background()
-	ref := keyOf(b, c, "bench-hit")
-	resp, err := c.Lookup(ctx, ref, "warm")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := c.Commit(ctx, resp.Reservation, "warm", "uint8", []int64{8 << 20}, make([]byte, 8<<20)); err != nil {
-		b.Fatal(err)
-	}
 	src, dst := make([]byte, 8<<20), make([]byte, 8<<20)
 	var hits, stats []time.Duration
 	for b.Loop() {
@@ -80,4 +64,20 @@ func BenchmarkLookupHitCold(b *testing.B) {
 	slices.Sort(stats)
 	b.ReportMetric(float64(hits[len(hits)/2].Microseconds()), "us-hit-p50")
 	b.ReportMetric(float64(stats[len(stats)/2].Microseconds()), "us-stats-p50")
+}
+
+// committed8MiB is an agent holding one committed 8 MiB value, and a client.
+func committed8MiB(b *testing.B) (*agent.Client, agent.KeyRef) {
+	n := startNode(b, startServer(b).ClientURL(), "n1")
+	c := client(b, n)
+	ctx := context.Background()
+	ref := keyOf(b, c, "bench-hit")
+	resp, err := c.Lookup(ctx, ref, "warm")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Commit(ctx, resp.Reservation, "warm", "uint8", []int64{8 << 20}, make([]byte, 8<<20)); err != nil {
+		b.Fatal(err)
+	}
+	return c, ref
 }

@@ -22,8 +22,12 @@ var configFields = func() []string {
 }()
 
 // decodeConfig decodes a config that names every field, and nothing else.
-func decodeConfig(m map[string]any) (cachekey.PreprocessingConfig, error) {
+func decodeConfig(raw json.RawMessage) (cachekey.PreprocessingConfig, error) {
 	var cfg cachekey.PreprocessingConfig
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return cfg, fmt.Errorf("config: %w", err)
+	}
 	var missing, unknown []string
 	for _, f := range configFields {
 		if _, ok := m[f]; !ok {
@@ -39,11 +43,7 @@ func decodeConfig(m map[string]any) (cachekey.PreprocessingConfig, error) {
 		slices.Sort(unknown)
 		return cfg, fmt.Errorf("config: missing fields %v, unknown fields %v (every field is part of the key)", missing, unknown)
 	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return cfg, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
 		return cfg, fmt.Errorf("config: %w", err)

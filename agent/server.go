@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
@@ -251,10 +252,11 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	ref, err := refOf(req.KeyRef)
-	if err == nil {
-		err = checkRequest(req.Client, req.RequestID)
+	if err := checkRequest(req.Client, req.RequestID); err != nil {
+		s.fail(w, err)
+		return
 	}
+	ref, err := refOf(req.KeyRef)
 	if err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
@@ -449,7 +451,7 @@ func (s *Server) valueOf(res *reservation, req CommitRequest) (*payload.Value, e
 	case payload.KindTokens:
 		v = payload.NewTokens(req.Tokens)
 	default:
-		dt, err := parseDType(req.DType)
+		dt, err := cachekey.ParseDType(req.DType)
 		if err != nil {
 			release()
 			return nil, bad("%v", err)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/payload"
 )
@@ -209,8 +208,6 @@ func mapSlot(path string) (slotMapping, error) {
 		return err
 	}}, nil
 }
-
-func parseDType(s string) (cachekey.DType, error) { return cachekey.ParseDType(s) }
 
 func randomID() string {
 	var b [16]byte

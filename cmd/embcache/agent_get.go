@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"os"
 
@@ -29,13 +28,9 @@ func newAgentGet() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var cfg map[string]any
-			raw, err := os.ReadFile(configPath)
+			cfg, err := os.ReadFile(configPath) // the agent checks it: a bad one is a usage error below
 			if err != nil {
 				return usagef("%v", err)
-			}
-			if err := json.Unmarshal(raw, &cfg); err != nil {
-				return usagef("config %s: %v", configPath, err)
 			}
 			input, err := os.ReadFile(rawPath)
 			if err != nil {

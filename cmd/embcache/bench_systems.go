@@ -224,11 +224,11 @@ func (h redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 func openRedisSystem(cfg dedupConfig) (*redisSystem, error) {
-	tr, srv, err := openPullPlane(cfg)
+	local, err := localcache.New[cachekey.Key, *payload.Value](localcache.WithMaxBytes(cfg.LocalMaxByte))
 	if err != nil {
 		return nil, err
 	}
-	local, err := localcache.New[cachekey.Key, *payload.Value](localcache.WithMaxBytes(cfg.LocalMaxByte))
+	tr, srv, err := openPullPlane(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +239,9 @@ func openRedisSystem(cfg dedupConfig) (*redisSystem, error) {
 	defer cancel()
 	r.ps = r.rdb.PSubscribe(ctx, redisChannelPrefix+"*")
 	if _, err := r.ps.Receive(ctx); err != nil { // the subscription is confirmed
-		r.close()
+		r.ps.Close() // dispatch has not started: nothing to wait for
+		r.rdb.Close()
+		srv.Close()
 		return nil, fmt.Errorf("redis subscribe: %w", err)
 	}
 	go r.dispatch()
@@ -388,10 +390,8 @@ func (r *redisSystem) messages() uint64 { return r.count.Load() }
 func (r *redisSystem) detail() any      { return r.local.Stats() }
 
 func (r *redisSystem) close() {
-	if r.ps != nil {
-		r.ps.Close()
-		<-r.done
-	}
+	r.ps.Close()
+	<-r.done
 	r.rdb.Close()
 	r.srv.Close()
 }
