@@ -298,19 +298,27 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		wake, unsubscribe := hub.subscribe(key) // before the read: no change slips between
 		cur, err := c.readOrSeen(ctx, ls, key, seen)
 		seen = nil
+		if errors.Is(err, ErrBadRecord) {
+			c.stats.badRecords.Add(1)
+			if c.purgeUnreadable(ctx, ls, key, cur, err) {
+				unsubscribe()
+				continue
+			}
+			c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
+		}
 		if err != nil {
 			unsubscribe()
-			if errors.Is(err, ErrBadRecord) {
-				c.stats.badRecords.Add(1)
-				c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
-			}
 			return c.degraded(ctx, fn, err)
+		}
+		if cur.live && cur.record.State == StateComputing && c.purgeStale(ctx, ls, key, cur) {
+			unsubscribe()
+			continue
 		}
 		switch {
 		case !cur.live:
 			unsubscribe()
 			lease, err := c.reserve(ctx, ls, ref)
-			if errors.Is(err, ErrHeld) {
+			if errors.Is(err, ErrHeld) || errors.Is(err, errLateReserve) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
 				if err := sleepCtx(ctx, min(c.s.pollInterval, time.Duration(attempt)*5*time.Millisecond)); err != nil {
@@ -397,6 +405,48 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// purgeStale removes a computing record nobody renews: one not written for
+// two lease TTLs (or two of its own TTLs, if longer) belongs to a dead
+// holder or was written by hand without a TTL, and would block its key
+// forever. It is purged on its revision, so a holder that renews meanwhile
+// keeps it. Reports whether the key should be read again.
+func (c *Cache) purgeStale(ctx context.Context, ls *leaseStore, key string, cur current) bool {
+	if cur.stamp.IsZero() {
+		return false
+	}
+	age := c.s.clock.Now().Sub(cur.stamp)
+	if age <= 2*max(c.s.leaseTTL, cur.ttl) {
+		return false
+	}
+	octx, cancel := c.opContext(ctx)
+	err := ls.purge(octx, key, cur.rev)
+	cancel()
+	if err == nil {
+		c.stats.staleTakeovers.Add(1)
+		c.s.logger.Warn("embcache: stale computing record purged, taking the key over", "key", key,
+			"owner", cur.record.Owner, "age", age.Round(time.Millisecond))
+	}
+	return err == nil || errors.Is(err, ErrLeaseLost)
+}
+
+// purgeUnreadable removes a record that does not decode once it is older
+// than a lease TTL (by the server's time stamp), so that its key is shared
+// again; a younger one may be a writer's of a newer version mid-upgrade, and
+// is left alone meanwhile. Reports whether the key should be read again.
+func (c *Cache) purgeUnreadable(ctx context.Context, ls *leaseStore, key string, cur current, cause error) bool {
+	if cur.rev == 0 || cur.stamp.IsZero() || c.s.clock.Now().Sub(cur.stamp) <= c.s.leaseTTL {
+		return false
+	}
+	octx, cancel := c.opContext(ctx)
+	err := ls.purge(octx, key, cur.rev)
+	cancel()
+	if err == nil {
+		c.stats.badRecordsPurged.Add(1)
+		c.s.logger.Warn("embcache: unreadable lease record purged", "key", key, "rev", cur.rev, "err", cause)
+	}
+	return err == nil || errors.Is(err, ErrLeaseLost)
+}
+
 // readOrSeen returns the state the watcher delivered, if it is a committed
 // record (the watcher reads from the stream leader), else reads the key.
 func (c *Cache) readOrSeen(ctx context.Context, ls *leaseStore, key string, seen *current) (current, error) {
@@ -477,7 +527,9 @@ func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*pay
 
 // Reserve takes ref's lease for this process: the caller computes, then
 // Commits or Abandons. ErrHeld means another process holds or has
-// committed the key; ErrStoreUnavailable that the store cannot be reached.
+// committed the key; ErrStoreUnavailable that the store cannot be reached;
+// ErrLeaseLost that the reservation was acknowledged too late to trust
+// (try again).
 func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Lease, error) {
 	if err := c.validate(ref); err != nil {
 		return nil, err
@@ -497,10 +549,18 @@ func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, e
 		Started: now, Heartbeat: now, Model: ref.Model, Epoch: ref.Epoch}
 	key := ref.KVKey()
 	octx, cancel := c.opContext(ctx)
+	sent := c.s.clock.Now()
 	rev, err := ls.create(octx, key, rec, c.s.leaseTTL)
 	cancel()
 	if err != nil {
 		return nil, err
+	}
+	if late := c.s.clock.Now().Sub(sent.Add(c.s.leaseTTL)); late >= 0 {
+		c.stats.lateWrites.Add(1)
+		octx, cancel := c.opContext(ctx)
+		ls.purge(octx, key, rev)
+		cancel()
+		return nil, fmt.Errorf("%w: %s acknowledged %v after its lease TTL", errLateReserve, key, late)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -508,7 +568,7 @@ func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, e
 		ls.purge(context.Background(), key, rev)
 		return nil, ErrClosed
 	}
-	l := newLease(c, ls, ref, key, rev, rec)
+	l := newLease(c, ls, ref, key, rev, rec, sent)
 	c.leases[l] = struct{}{}
 	if o := c.s.observer; o != nil {
 		o.Reserved(ref, rev)

@@ -1,6 +1,9 @@
 package coordinator
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrHeld is returned by Reserve when another process holds the key's
@@ -27,3 +30,8 @@ var (
 	// ErrClosed is returned by calls on a closed Cache.
 	ErrClosed = errors.New("coordinator: cache closed")
 )
+
+// errLateReserve is a reservation acknowledged after its own TTL: it may
+// be wiped by the server's TTL marker, so it is given back (and is
+// ErrLeaseLost to Reserve's callers).
+var errLateReserve = fmt.Errorf("%w: reservation acknowledged too late", ErrLeaseLost)

@@ -13,18 +13,37 @@ import (
 // Lease is this process's exclusive right to compute one key, held on the
 // KV bucket. Its revision is the fencing token: every write it makes is
 // conditional on it, so once the lease is lost nothing it writes lands.
+//
+// The revision alone does not fence the server's own writes: when a
+// revision's TTL runs out, the stream leader later places a subject delete
+// marker with no revision condition, and it wipes a write the server
+// accepted on the revision in between (docs/jetstream-notes.md). So each
+// revision has a deadline, the time the write that made it was sent plus
+// that write's TTL, and an answer (an acknowledgement, or a read proving a
+// write landed) counts only if it arrives before the deadline. A lease
+// whose deadline passes without a renewal landing is lost
+// (docs/protocol.md, section 3).
 type Lease struct {
-	c   *Cache
-	ls  *leaseStore
-	ref Ref
-	key string // KV key
+	c     *Cache
+	ls    *leaseStore
+	ref   Ref
+	key   string // KV key
+	ttl   time.Duration
+	clock Clock
+
+	// writeMu lets one writer at a time use the revision: a renewal, the
+	// commit (which renews the lease itself while it retries) or the
+	// abandon. Store calls are made under writeMu, never under mu.
+	writeMu sync.Mutex
+	pending []attempt // writes sent on rev whose outcome is unknown; guarded by writeMu
 
 	mu       sync.Mutex
 	rev      uint64    // guarded by mu
+	deadline time.Time // when rev may expire: its write's send time plus its TTL; guarded by mu
+	sent     time.Time // when the write that made rev was sent; guarded by mu
 	rec      Record    // guarded by mu
 	ended    bool      // committed, abandoned or lost; guarded by mu
 	err      error     // why it was lost, or nil; guarded by mu
-	lastBeat time.Time // guarded by mu
 
 	done      chan struct{} // closed when the lease ends
 	stopBeats chan struct{} // closed (once) to stop the heartbeat goroutine
@@ -32,8 +51,23 @@ type Lease struct {
 	beatsDone chan struct{}
 }
 
-func newLease(c *Cache, ls *leaseStore, ref Ref, key string, rev uint64, rec Record) *Lease {
-	l := &Lease{c: c, ls: ls, ref: ref, key: key, rev: rev, rec: rec, lastBeat: time.Now(),
+// errRaced is a write refused because an earlier write of the same lease,
+// whose acknowledgement was lost, had landed: write again.
+var errRaced = errors.New("coordinator: an earlier write of this lease moved its revision")
+
+// attempt is a write whose acknowledgement did not come back: it may land
+// later. Its record is told apart from the others by its heartbeat time.
+type attempt struct {
+	heartbeat time.Time
+	sent      time.Time
+	ttl       time.Duration
+}
+
+// newLease starts renewing the lease at rev, made by a write sent at sent.
+func newLease(c *Cache, ls *leaseStore, ref Ref, key string, rev uint64, rec Record, sent time.Time) *Lease {
+	ttl := c.s.leaseTTL
+	l := &Lease{c: c, ls: ls, ref: ref, key: key, ttl: ttl, clock: c.s.clock,
+		rev: rev, sent: sent, deadline: sent.Add(ttl), rec: rec,
 		done: make(chan struct{}), stopBeats: make(chan struct{}), beatsDone: make(chan struct{})}
 	go func() {
 		defer close(l.beatsDone)
@@ -64,54 +98,193 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// heartbeat renews the lease every third of its TTL with a CAS publish
-// that carries the TTL again. A refused CAS means another process has the
-// key (or it expired): the lease is lost. A heartbeat that fails for
-// another reason (a timeout during a leader election) is retried: the
-// revision fences every write, so holding on is safe, and giving up would
-// throw away a compute the key may still be waiting for.
+// heartbeat renews the lease every third of its TTL, and sooner after a
+// renewal whose outcome is unknown (a timeout during a leader election).
 func (l *Lease) heartbeat() {
-	ttl := l.c.s.leaseTTL
-	t := time.NewTicker(ttl / 3)
-	defer t.Stop()
+	next := l.ttl / 3
 	for {
+		t := time.NewTimer(next)
 		select {
 		case <-l.stopBeats:
+			t.Stop()
 			return
 		case <-t.C:
 		}
-		l.mu.Lock()
-		if l.ended {
-			l.mu.Unlock()
-			return
-		}
-		rec := l.rec
-		rec.Heartbeat = time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
-		rev, err := l.ls.cas(ctx, l.key, l.rev, rec, ttl)
-		cancel()
-		switch {
-		case err == nil:
-			l.rev, l.rec, l.lastBeat = rev, rec, time.Now()
-		case errors.Is(err, ErrLeaseLost):
-			l.loseLocked(err)
-		}
-		lost := l.ended
-		l.mu.Unlock()
-		if lost {
-			l.c.stats.leasesLost.Add(1)
+		var ok bool
+		if next, ok = l.beat(context.Background()); !ok {
 			return
 		}
 	}
 }
 
-func (l *Lease) loseLocked(err error) {
+// beat renews the lease once and says when to renew next; false when the
+// lease has ended. The lease is lost when a renewal is refused, lands too
+// late to trust, or none has landed by the deadline.
+func (l *Lease) beat(ctx context.Context) (time.Duration, bool) {
+	l.writeMu.Lock()
+	if l.isEnded() {
+		l.writeMu.Unlock()
+		return 0, false
+	}
+	err := l.renewLocked(ctx)
+	l.writeMu.Unlock()
+	switch {
+	case err == nil:
+		return l.ttl / 3, true
+	case errors.Is(err, ErrLeaseLost):
+		if l.lose(err) {
+			l.c.stats.leasesLost.Add(1)
+		}
+		return 0, false
+	}
+	return l.ttl / 10, true
+}
+
+// renewLocked writes the computing record again with a fresh TTL.
+func (l *Lease) renewLocked(ctx context.Context) error {
+	rec := l.record()
+	rec.Heartbeat = l.clock.Now()
+	_, err := l.writeLocked(ctx, rec, l.ttl)
+	return err
+}
+
+// writeLocked publishes rec on the lease's revision with ttl. nil: it landed
+// in time, and the lease is at the new revision. ErrLeaseLost: the revision
+// is someone else's, has run out, or what landed came too late to trust.
+// Any other error: the outcome is unknown; the write is kept pending and
+// the next one first finds out whether it landed.
+func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) (uint64, error) {
+	if len(l.pending) > 0 {
+		if err := l.settleLocked(ctx); err != nil {
+			return 0, err
+		}
+	}
+	rev, deadline := l.position()
+	sent := l.clock.Now()
+	left := deadline.Sub(sent)
+	if left <= 0 {
+		return 0, fmt.Errorf("%w: %s: no renewal of revision %d landed within the lease TTL", ErrLeaseLost, l.key, rev)
+	}
+	// An answer after the deadline is worthless: do not wait for one.
+	octx, cancel := context.WithTimeout(ctx, min(l.c.s.opTimeout, left))
+	l.pending = append(l.pending, attempt{heartbeat: rec.Heartbeat, sent: sent, ttl: ttl})
+	newRev, err := l.ls.cas(octx, l.key, rev, rec, ttl)
+	cancel()
+	if h := l.c.s.answered; h != nil {
+		err = h("write", err)
+	}
+	acked := l.clock.Now()
+	switch {
+	case err == nil:
+		l.pending = nil
+		if !acked.Before(deadline) {
+			l.c.stats.lateWrites.Add(1)
+			if rec.State == StateComputing {
+				// Nobody renews it: let the waiters have the key now.
+				pctx, cancel := l.c.opContext(ctx)
+				l.ls.purge(pctx, l.key, newRev)
+				cancel()
+			}
+			return 0, fmt.Errorf("%w: %s: revision %d acknowledged %v after its deadline (the server's TTL marker may wipe it)",
+				ErrLeaseLost, l.key, newRev, acked.Sub(deadline))
+		}
+		l.advance(newRev, sent, ttl, rec)
+		return newRev, nil
+	case errors.Is(err, ErrLeaseLost) && len(l.pending) > 1:
+		// An earlier write of ours may be what moved the key on.
+		if serr := l.settleLocked(ctx); serr != nil {
+			return 0, serr
+		}
+		return 0, errRaced // the next write goes on the revision settle found
+	case errors.Is(err, ErrLeaseLost):
+		l.pending = nil
+		return 0, err
+	}
+	return 0, err
+}
+
+// settleLocked finds out whether one of the pending writes landed by
+// reading the key from the stream leader. The key still at the lease's
+// revision: none landed (yet). Our record at a later revision: it is
+// adopted, if the read answered before the deadline. Anything else: the
+// lease is lost.
+func (l *Lease) settleLocked(ctx context.Context) error {
+	rev, deadline := l.position()
+	left := deadline.Sub(l.clock.Now())
+	if left <= 0 {
+		return fmt.Errorf("%w: %s: the outcome of a write on revision %d is unknown past its deadline", ErrLeaseLost, l.key, rev)
+	}
+	octx, cancel := context.WithTimeout(ctx, min(l.c.s.opTimeout, left))
+	cur, err := l.ls.read(octx, l.key)
+	cancel()
+	if h := l.c.s.answered; h != nil {
+		err = h("read", err)
+	}
+	answered := l.clock.Now()
+	if err != nil && !errors.Is(err, ErrBadRecord) {
+		return err
+	}
+	nonce := l.record().Nonce
+	switch {
+	case err == nil && cur.live && cur.rev == rev:
+		return nil
+	case err != nil || !cur.live || cur.record.Nonce != nonce:
+		l.pending = nil
+		return fmt.Errorf("%w: %s moved past revision %d", ErrLeaseLost, l.key, rev)
+	case !answered.Before(deadline):
+		l.pending = nil
+		l.c.stats.lateWrites.Add(1)
+		return fmt.Errorf("%w: %s: our write at revision %d was seen only after the deadline", ErrLeaseLost, l.key, cur.rev)
+	}
+	for _, a := range l.pending {
+		if a.heartbeat.Equal(cur.record.Heartbeat) {
+			l.pending = nil
+			l.advance(cur.rev, a.sent, a.ttl, cur.record)
+			return nil
+		}
+	}
+	l.pending = nil
+	return fmt.Errorf("%w: %s: revision %d holds a record of this lease that it did not send", ErrLeaseLost, l.key, cur.rev)
+}
+
+func (l *Lease) position() (uint64, time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rev, l.deadline
+}
+
+func (l *Lease) record() Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec
+}
+
+func (l *Lease) advance(rev uint64, sent time.Time, ttl time.Duration, rec Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rev, l.sent, l.deadline, l.rec = rev, sent, sent.Add(ttl), rec
+}
+
+func (l *Lease) isEnded() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ended
+}
+
+// lose ends the lease with err; false if it had already ended.
+func (l *Lease) lose(err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return false
+	}
 	l.err = err
 	l.endLocked()
+	return true
 }
 
 // endLocked ends the lease and tells its heartbeats to stop (without
-// waiting: the heartbeat goroutine may be waiting for l.mu).
+// waiting: the heartbeat goroutine may be waiting for writeMu).
 func (l *Lease) endLocked() {
 	l.ended = true
 	close(l.done)
@@ -120,14 +293,12 @@ func (l *Lease) endLocked() {
 
 // Commit writes v through the payload plane and then, on the lease's
 // revision, turns the record into a committed one with the store TTL. If
-// the lease was lost, nothing is committed and the error wraps
-// ErrLeaseLost; v is still correct (keys are content addresses), it is
-// just not the cluster's copy.
+// the lease was lost, nothing is claimed and the error wraps ErrLeaseLost;
+// v is still correct (keys are content addresses), it is just not the
+// cluster's copy. A commit acknowledged too late to trust is such a case.
 func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
 	if err := l.check(); err != nil {
-		if o := l.c.s.observer; o != nil {
-			o.Refused(l.ref, l.Revision(), err)
-		}
+		l.refused(err, false)
 		return payload.Location{}, err
 	}
 	// The write can be long: heartbeats go on while it runs.
@@ -135,25 +306,18 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	if err != nil {
 		return payload.Location{}, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ended {
-		return payload.Location{}, l.endedErr()
-	}
-	rec := l.rec.committed(loc, v, time.Now(), l.c.s.storeTTL)
-	rev, err := l.commitLocked(ctx, rec)
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	rev, err := l.commitLocked(ctx, loc, v)
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			l.loseLocked(err)
-			l.c.stats.commitsRefused.Add(1)
-			if o := l.c.s.observer; o != nil {
-				o.Refused(l.ref, l.rev, err)
-			}
+			l.refused(err, l.lose(err)) // counted once: by the commit, or by the heartbeat that lost it
 		}
 		return payload.Location{}, err
 	}
-	l.rev, l.rec = rev, rec
+	l.mu.Lock()
 	l.endLocked()
+	l.mu.Unlock()
 	if l.c.s.onCommit != nil {
 		l.c.s.onCommit(l.ref, rev)
 	}
@@ -163,62 +327,79 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 	return loc, nil
 }
 
-// commitRetryFor bounds how long a commit retries transient failures.
-const commitRetryFor = time.Minute
+// refused reports a commit the lease could not make, and counts it if
+// the commit is what found the lease lost.
+func (l *Lease) refused(err error, count bool) {
+	if count {
+		l.c.stats.commitsRefused.Add(1)
+	}
+	if o := l.c.s.observer; o != nil {
+		o.Refused(l.ref, l.Revision(), err)
+	}
+}
 
 // commitLocked publishes the committed record on the lease's revision. A
-// transient failure (a timeout during a leader election) is retried; the
-// revision check makes that safe. Since a lost acknowledgement looks like a
-// failure, each retry first reads the key: our committed record there means
-// the earlier attempt landed.
-func (l *Lease) commitLocked(ctx context.Context, rec Record) (uint64, error) {
-	deadline := time.Now().Add(commitRetryFor)
-	for attempt := 0; ; attempt++ {
-		octx, cancel := l.c.opContext(ctx)
-		if attempt > 0 {
-			cur, err := l.ls.read(octx, l.key)
-			switch {
-			case err != nil:
-			case cur.live && cur.record.Nonce == rec.Nonce && cur.record.State == StateCommitted:
-				cancel()
-				return cur.rev, nil
-			case !cur.live || cur.rev != l.rev:
-				cancel()
-				return 0, fmt.Errorf("%w: %s moved past revision %d", ErrLeaseLost, l.key, l.rev)
+// write whose outcome is unknown (a timeout during a leader election) is
+// retried; the lease is renewed first whenever its revision is older than
+// a third of its TTL, so a slow commit keeps the lease rather than racing
+// its deadline. It ends by the deadline at the latest.
+func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *payload.Value) (uint64, error) {
+	for {
+		err := l.check()
+		if err == nil && len(l.pending) > 0 {
+			// The last attempt's answer was lost: it may have landed.
+			if err = l.settleLocked(ctx); err == nil && l.record().State == StateCommitted {
+				return l.Revision(), nil
 			}
 		}
-		rev, err := l.ls.cas(octx, l.key, l.rev, rec, l.c.s.storeTTL)
-		cancel()
-		if err == nil || errors.Is(err, ErrLeaseLost) || time.Now().After(deadline) || ctx.Err() != nil {
-			return rev, err
+		if err == nil {
+			l.mu.Lock()
+			age := l.clock.Now().Sub(l.sent)
+			l.mu.Unlock()
+			if age > l.ttl/3 {
+				err = l.renewLocked(ctx)
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(l.c.s.leaseTTL / 10):
+		if err == nil {
+			rec := l.record().committed(loc, v, l.clock.Now(), l.c.s.storeTTL)
+			var rev uint64
+			if rev, err = l.writeLocked(ctx, rec, l.c.s.storeTTL); err == nil {
+				return rev, nil
+			}
+		}
+		if errors.Is(err, ErrLeaseLost) || ctx.Err() != nil {
+			return 0, err
+		}
+		if err := sleepCtx(ctx, l.ttl/10); err != nil {
+			return 0, err
 		}
 	}
 }
 
 func (l *Lease) expires() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.rec.Expires
+	return l.record().Expires
 }
 
 // Abandon gives the key up after a failed compute: the record is purged
 // (if the lease still holds it) so that a waiter or a later call can
 // compute it. cause is only for the caller's logs.
 func (l *Lease) Abandon(ctx context.Context, cause error) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.ended {
+		defer l.mu.Unlock()
 		return l.endedErr()
 	}
 	l.endLocked()
+	l.mu.Unlock()
+	if len(l.pending) > 0 {
+		l.settleLocked(ctx) // purge the revision a pending write made, if one did
+	}
+	rev, _ := l.position()
 	octx, cancel := l.c.opContext(ctx)
 	defer cancel()
-	if err := l.ls.purge(octx, l.key, l.rev); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := l.ls.purge(octx, l.key, rev); err != nil && !errors.Is(err, ErrLeaseLost) {
 		return fmt.Errorf("coordinator: abandoning %v after %v: %w", l.ref, cause, err)
 	}
 	return nil
@@ -241,7 +422,7 @@ func (l *Lease) endedErr() error {
 }
 
 // stopHeartbeats stops renewing the lease without ending it: what a
-// process paused past its lease looks like. For tests.
+// process paused past its lease looks like. For tests, and for Close.
 func (l *Lease) stopHeartbeats() {
 	l.stopOnce.Do(func() { close(l.stopBeats) })
 	<-l.beatsDone

@@ -60,7 +60,9 @@ type settings struct {
 	events         bool
 	touchInterval  time.Duration
 	eventReplicas  int
-	onCommit       func(Ref, uint64) // test hook: a commit landed at this revision
+	clock          Clock
+	onCommit       func(Ref, uint64)                // test hook: a commit landed at this revision
+	answered       func(op string, err error) error // test hook: sees (and may replace) the answer to a lease's "write" or "read" before it is judged
 	observer       Observer
 }
 
@@ -95,6 +97,28 @@ func defaults() settings {
 		node:           host,
 		getters:        map[string]payload.Transport{},
 		logger:         slog.Default(),
+		clock:          systemClock{},
+	}
+}
+
+// Clock tells the time. Lease deadlines and record ages are measured with
+// it; tests inject a fake one so that no lease test waits out a TTL.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// WithClock sets the clock lease deadlines and record ages are measured
+// with (default: the system clock, whose monotonic reading is used). The
+// local cache has its own: WithLocalCache(localcache.WithClock(c)).
+func WithClock(c Clock) Option {
+	return func(s *settings) error {
+		if c == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		s.clock = c
+		return nil
 	}
 }
 

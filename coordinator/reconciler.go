@@ -37,14 +37,15 @@ type Reconciler struct {
 }
 
 type reconcilerStats struct {
-	elected, touches, expired, invalidated, payloadDeletes, sweeps atomic.Uint64
-	active                                                         atomic.Bool
+	elected, touches, lateTouches, expired, invalidated, payloadDeletes, sweeps atomic.Uint64
+	active                                                                      atomic.Bool
 }
 
 // ReconcilerStats counts what a reconciler did.
 type ReconcilerStats struct {
 	Elected        uint64 // times it became active
 	Touches        uint64 // record TTLs extended
+	LateTouches    uint64 // touches acknowledged after the record's expiry: not trusted
 	Expired        uint64 // expired records evicted
 	Invalidated    uint64 // records removed by invalidations
 	PayloadDeletes uint64 // payloads removed
@@ -75,7 +76,7 @@ func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 
 // Stats returns the counters.
 func (r *Reconciler) Stats() ReconcilerStats {
-	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: r.stats.touches.Load(),
+	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: r.stats.touches.Load(), LateTouches: r.stats.lateTouches.Load(),
 		Expired: r.stats.expired.Load(), Invalidated: r.stats.invalidated.Load(),
 		PayloadDeletes: r.stats.payloadDeletes.Load(), Sweeps: r.stats.sweeps.Load(), Active: r.stats.active.Load()}
 }
@@ -128,12 +129,17 @@ func (r *Reconciler) campaign(ctx context.Context, ls *leaseStore) (*Lease, erro
 	rec := Record{V: RecordVersion, State: StateComputing, Owner: r.id, Nonce: r.id, Started: now, Heartbeat: now}
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
+	sent := r.s.clock.Now()
 	rev, err := ls.create(octx, ReconcilerKey, rec, r.s.leaseTTL)
 	if err != nil {
 		return nil, err
 	}
+	if !r.s.clock.Now().Before(sent.Add(r.s.leaseTTL)) {
+		ls.purge(octx, ReconcilerKey, rev)
+		return nil, errLateReserve
+	}
 	c := &Cache{s: r.s, leases: map[*Lease]struct{}{}} // a lease needs a Cache for its settings only
-	return newLease(c, ls, Ref{}, ReconcilerKey, rev, rec), nil
+	return newLease(c, ls, Ref{}, ReconcilerKey, rev, rec, sent), nil
 }
 
 // active reconciles until the lease is lost or ctx ends.
@@ -213,15 +219,27 @@ func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Ev
 		cur.record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.record.Expires) {
 		return
 	}
-	rec := cur.record
-	rec.Expires = e.Expires
-	ttl := time.Until(e.Expires)
-	if ttl < time.Second {
+	// The record may expire at its own expiry (set when it was written,
+	// before it was sent): a touch answered after that may be wiped by the
+	// server's TTL marker, so it is not counted as applied, and one sent
+	// after it is not sent at all. The record then expires as unused.
+	deadline := cur.record.Expires
+	now := r.s.clock.Now()
+	ttl := e.Expires.Sub(now)
+	if !now.Before(deadline) || ttl < time.Second {
 		return
 	}
-	if _, err := ls.cas(octx, key, cur.rev, rec, ttl); err == nil {
-		r.stats.touches.Add(1)
+	rec := cur.record
+	rec.Expires = e.Expires
+	if _, err := ls.cas(octx, key, cur.rev, rec, ttl); err != nil {
+		return
 	}
+	if !r.s.clock.Now().Before(deadline) {
+		r.stats.lateTouches.Add(1)
+		r.s.logger.Warn("embcache: touch acknowledged after the record's expiry, not trusted", "key", key)
+		return
+	}
+	r.stats.touches.Add(1)
 }
 
 // expire removes what is left of a value whose record is gone and tells

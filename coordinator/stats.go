@@ -9,7 +9,7 @@ import (
 type counters struct {
 	localHits, remoteHits, computes, computeErrors, waits, takeovers atomic.Uint64
 	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
-	touches                                                          atomic.Uint64
+	touches, lateWrites, staleTakeovers, badRecordsPurged            atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -26,8 +26,18 @@ type Stats struct {
 	BadRecords     uint64 // lease records that did not decode
 	PayloadErrors  uint64 // committed payloads that could not be read or verified
 	Touches        uint64 // touched events queued (coalesced hits)
-	StoreReachable bool
-	Local          localcache.Stats
+	// LateWrites counts lease writes (reserves, renewals, commits) that
+	// the server acknowledged after their revision's deadline: not trusted,
+	// the lease was given up.
+	LateWrites uint64
+	// StaleTakeovers counts computing records that had not been renewed
+	// for two lease TTLs (a dead or foreign holder): purged and taken over.
+	StaleTakeovers uint64
+	// BadRecordsPurged counts records that did not decode, purged once
+	// older than a lease TTL so that their key is shared again.
+	BadRecordsPurged uint64
+	StoreReachable   bool
+	Local            localcache.Stats
 }
 
 // Stats returns a snapshot.
@@ -40,7 +50,9 @@ func (c *Cache) Stats() Stats {
 		Degraded: c.stats.degraded.Load(), LeasesLost: c.stats.leasesLost.Load(),
 		CommitsRefused: c.stats.commitsRefused.Load(), BadRecords: c.stats.badRecords.Load(),
 		PayloadErrors: c.stats.payloadErrors.Load(), Touches: c.stats.touches.Load(),
-		StoreReachable: ls != nil,
-		Local:          c.local.Stats(),
+		LateWrites: c.stats.lateWrites.Load(), StaleTakeovers: c.stats.staleTakeovers.Load(),
+		BadRecordsPurged: c.stats.badRecordsPurged.Load(),
+		StoreReachable:   ls != nil,
+		Local:            c.local.Stats(),
 	}
 }

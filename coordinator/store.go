@@ -97,6 +97,8 @@ type current struct {
 	rev    uint64
 	live   bool
 	record Record
+	stamp  time.Time     // when the server stored the message (zero if unknown)
+	ttl    time.Duration // the message's own TTL (Nats-TTL); 0 if it has none
 }
 
 // read returns the key's current state from the stream leader. kv.Get may
@@ -113,9 +115,10 @@ func (s *leaseStore) read(ctx context.Context, key string) (current, error) {
 	}
 	var body struct {
 		Message *struct {
-			Seq    uint64 `json:"seq"`
-			Header []byte `json:"hdrs"`
-			Data   []byte `json:"data"`
+			Seq    uint64    `json:"seq"`
+			Header []byte    `json:"hdrs"`
+			Data   []byte    `json:"data"`
+			Time   time.Time `json:"time"`
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
@@ -131,7 +134,7 @@ func (s *leaseStore) read(ctx context.Context, key string) (current, error) {
 	if body.Message == nil {
 		return current{}, errors.New("coordinator: empty MSG.GET response")
 	}
-	c := current{rev: body.Message.Seq}
+	c := current{rev: body.Message.Seq, stamp: body.Message.Time}
 	if len(body.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(body.Message.Header)
 		if err != nil {
@@ -140,6 +143,7 @@ func (s *leaseStore) read(ctx context.Context, key string) (current, error) {
 		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
 			return c, nil // deleted, purged or expired
 		}
+		c.ttl = parseTTL(h.Get(jetstream.MsgTTLHeader))
 	}
 	rec, err := DecodeRecord(body.Message.Data)
 	if err != nil {
@@ -167,7 +171,8 @@ func (s *leaseStore) readDirect(ctx context.Context, key string) (current, error
 	if err != nil {
 		return current{}, fmt.Errorf("coordinator: direct get %s: bad sequence: %w", key, err)
 	}
-	c := current{rev: seq}
+	c := current{rev: seq, ttl: parseTTL(resp.Header.Get(jetstream.MsgTTLHeader))}
+	c.stamp, _ = time.Parse(time.RFC3339Nano, resp.Header.Get(jetstream.TimeStampHeaer))
 	if resp.Header.Get("KV-Operation") != "" || resp.Header.Get(jetstream.MarkerReasonHeader) != "" {
 		return c, nil
 	}
@@ -177,6 +182,18 @@ func (s *leaseStore) readDirect(ctx context.Context, key string) (current, error
 	}
 	c.live, c.record = true, rec
 	return c, nil
+}
+
+// parseTTL reads a Nats-TTL header: a Go duration ("5s") as nats.go
+// writes it, or whole seconds. "never", absent or unreadable: 0.
+func parseTTL(v string) time.Duration {
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return 0
 }
 
 // isConflict reports whether err is the server refusing a revision-checked

@@ -1,0 +1,340 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// manualClock is a clock the test moves; lease deadlines are measured
+// with it, while the server keeps real time (its TTLs are long here).
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newManualClock() *manualClock { return &manualClock{now: time.Now()} }
+
+func (m *manualClock) Now() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.now
+}
+
+func (m *manualClock) Advance(d time.Duration) {
+	m.mu.Lock()
+	m.now = m.now.Add(d)
+	m.mu.Unlock()
+}
+
+// offsetClock runs at real speed, ahead of the server by d.
+type offsetClock time.Duration
+
+func (o offsetClock) Now() time.Time { return time.Now().Add(time.Duration(o)) }
+
+// recorder is an Observer that keeps what it heard.
+type recorder struct {
+	mu                 sync.Mutex
+	committed, refused []uint64
+	reserved           []uint64
+}
+
+func (r *recorder) Reserved(_ Ref, rev uint64) {
+	r.mu.Lock()
+	r.reserved = append(r.reserved, rev)
+	r.mu.Unlock()
+}
+func (r *recorder) Committed(_ Ref, rev uint64, _ payload.Checksum) {
+	r.mu.Lock()
+	r.committed = append(r.committed, rev)
+	r.mu.Unlock()
+}
+func (r *recorder) Refused(_ Ref, rev uint64, _ error) {
+	r.mu.Lock()
+	r.refused = append(r.refused, rev)
+	r.mu.Unlock()
+}
+
+// The lease TTL is long (the server never expires the record during a
+// test); only the client's clock moves past deadlines.
+const longLease = 30 * time.Second
+
+// leaseTest is a Cache whose lease deadlines run on a manual clock and
+// whose lease store calls' answers pass through hooks (one call each).
+type leaseTest struct {
+	c     *Cache
+	clock *manualClock
+	obs   *recorder
+	mu    sync.Mutex
+	hooks map[string]func(error) error // by op: "write", "read"
+}
+
+func newLeaseTest(t *testing.T) *leaseTest {
+	t.Helper()
+	srv := startServer(t)
+	lt := &leaseTest{clock: newManualClock(), obs: &recorder{}, hooks: map[string]func(error) error{}}
+	answered := func(s *settings) error {
+		s.answered = func(op string, err error) error {
+			lt.mu.Lock()
+			h := lt.hooks[op]
+			delete(lt.hooks, op) // one call each
+			lt.mu.Unlock()
+			if h != nil {
+				return h(err)
+			}
+			return err
+		}
+		return nil
+	}
+	lt.c = newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0), WithLeaseTTL(longLease),
+		WithClock(lt.clock), WithObserver(lt.obs), answered)
+	return lt
+}
+
+// onNext makes the answer of the lease's next op ("write" or "read") go
+// through h.
+func (lt *leaseTest) onNext(op string, h func(error) error) {
+	lt.mu.Lock()
+	lt.hooks[op] = h
+	lt.mu.Unlock()
+}
+
+func (lt *leaseTest) read(t *testing.T, key string) current {
+	t.Helper()
+	ls, _ := lt.c.handles()
+	cur, err := ls.read(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cur
+}
+
+// A commit on a revision whose TTL has lapsed by the client's clock is
+// refused without being sent, although the server still holds the record.
+func TestCommitPastDeadlineIsRefused(t *testing.T) {
+	lt := newLeaseTest(t)
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := lease.Revision()
+	lt.clock.Advance(longLease)
+	if _, err := lease.Commit(ctx, embedding(1)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("commit past the deadline: %v, want ErrLeaseLost", err)
+	}
+	cur := lt.read(t, ref(1).KVKey())
+	if !cur.live || cur.rev != rev || cur.record.State != StateComputing {
+		t.Fatalf("server state %+v, want the computing record at %d", cur, rev)
+	}
+	if s := lt.c.Stats(); s.CommitsRefused != 1 || len(lt.obs.committed) != 0 || len(lt.obs.refused) != 1 {
+		t.Fatalf("refused %d, observed committed %v refused %v", s.CommitsRefused, lt.obs.committed, lt.obs.refused)
+	}
+	if lease.Err() == nil {
+		t.Fatal("lease not lost")
+	}
+}
+
+// A commit the server accepts but acknowledges at or after the deadline is
+// not claimed: the server's TTL marker may wipe it.
+func TestLateCommitAckIsNotTrusted(t *testing.T) {
+	lt := newLeaseTest(t)
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.onNext("write", func(err error) error { lt.clock.Advance(longLease); return err }) // a slow answer
+	if _, err := lease.Commit(ctx, embedding(2)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("late commit: %v, want ErrLeaseLost", err)
+	}
+	if cur := lt.read(t, ref(2).KVKey()); !cur.live || cur.record.State != StateCommitted {
+		t.Fatalf("the server should hold the (untrusted) commit: %+v", cur)
+	}
+	s := lt.c.Stats()
+	if s.LateWrites != 1 || s.CommitsRefused != 1 || len(lt.obs.committed) != 0 {
+		t.Fatalf("late %d refused %d committed %v", s.LateWrites, s.CommitsRefused, lt.obs.committed)
+	}
+}
+
+// A renewal tried past the deadline ends the lease without a write.
+func TestRenewalPastDeadlineEndsLease(t *testing.T) {
+	lt := newLeaseTest(t)
+	lease, err := lt.c.Reserve(context.Background(), ref(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := lease.Revision()
+	lt.clock.Advance(longLease)
+	if _, ok := lease.beat(context.Background()); ok {
+		t.Fatal("renewal past the deadline kept the lease")
+	}
+	assertLost(t, lease)
+	if cur := lt.read(t, ref(3).KVKey()); cur.rev != rev {
+		t.Fatalf("a write went out: revision %d, want %d", cur.rev, rev)
+	}
+	if lt.c.Stats().LeasesLost != 1 {
+		t.Fatal("lost lease not counted")
+	}
+}
+
+// A renewal acknowledged at or after the deadline ends the lease, and the
+// record it made is purged so that waiters need not wait out its TTL.
+func TestLateRenewalEndsLease(t *testing.T) {
+	lt := newLeaseTest(t)
+	lease, err := lt.c.Reserve(context.Background(), ref(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.onNext("write", func(err error) error { lt.clock.Advance(longLease); return err })
+	if _, ok := lease.beat(context.Background()); ok {
+		t.Fatal("late renewal kept the lease")
+	}
+	assertLost(t, lease)
+	if cur := lt.read(t, ref(4).KVKey()); cur.live {
+		t.Fatalf("late renewal's record left live: %+v", cur)
+	}
+	if s := lt.c.Stats(); s.LateWrites != 1 || s.LeasesLost != 1 {
+		t.Fatalf("late %d lost %d", s.LateWrites, s.LeasesLost)
+	}
+}
+
+// A commit whose answer was lost but which landed is found by reading the
+// key back, and claimed once: no second write.
+func TestCommitWithLostAckIsSettled(t *testing.T) {
+	lt := newLeaseTest(t)
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.onNext("write", func(err error) error {
+		if err != nil {
+			t.Errorf("the write itself failed: %v", err)
+		}
+		return context.DeadlineExceeded // it landed; its answer did not come back
+	})
+	if _, err := lease.Commit(ctx, embedding(5)); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	cur := lt.read(t, ref(5).KVKey())
+	if !cur.live || cur.record.State != StateCommitted || cur.rev != lease.Revision() {
+		t.Fatalf("server %+v, lease at %d", cur, lease.Revision())
+	}
+	if len(lt.obs.committed) != 1 || lt.obs.committed[0] != cur.rev {
+		t.Fatalf("observed commits %v, want [%d]", lt.obs.committed, cur.rev)
+	}
+	if s := streamState(t, lt.c); s.LastSeq != cur.rev {
+		t.Fatalf("stream last sequence %d: a second write after the commit at %d", s.LastSeq, cur.rev)
+	}
+}
+
+// The read-back that proves a lost answer's write landed counts only if
+// it comes before the deadline.
+func TestLostAckProvenTooLateIsRefused(t *testing.T) {
+	lt := newLeaseTest(t)
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.onNext("write", func(error) error { return context.DeadlineExceeded })            // landed; no answer
+	lt.onNext("read", func(err error) error { lt.clock.Advance(longLease); return err }) // a slow read-back
+	if _, err := lease.Commit(ctx, embedding(6)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("commit proven late: %v, want ErrLeaseLost", err)
+	}
+	if len(lt.obs.committed) != 0 {
+		t.Fatalf("claimed %v", lt.obs.committed)
+	}
+}
+
+func assertLost(t *testing.T, l *Lease) {
+	t.Helper()
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("lease not ended")
+	}
+	if !errors.Is(l.Err(), ErrLeaseLost) {
+		t.Fatalf("lease error %v, want ErrLeaseLost", l.Err())
+	}
+}
+
+func streamState(t *testing.T, c *Cache) jetstream.StreamState {
+	t.Helper()
+	s, err := c.js.Stream(context.Background(), "KV_"+c.s.bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State
+}
+
+// A computing record nobody renews (written by hand, without a TTL) is
+// purged on its revision and taken over once it is two lease TTLs old.
+func TestStaleComputingRecordIsTakenOver(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	fresh := newCache(t, srv.ClientURL(), store)
+	putRecord(t, fresh, ref(7).KVKey(), []byte(`{"v":1,"state":"computing","owner":"ghost/1/x","nonce":"n",`+
+		`"started":"2020-01-01T00:00:00Z","heartbeat":"2020-01-01T00:00:00Z"}`))
+	// Written just now by the server's clock: not stale yet.
+	if _, err := fresh.Reserve(context.Background(), ref(7)); !errors.Is(err, ErrHeld) {
+		t.Fatalf("fresh foreign record: %v, want ErrHeld", err)
+	}
+	// Three lease TTLs later (by this process's clock), it is.
+	later := newCache(t, srv.ClientURL(), store, WithClock(offsetClock(3*time.Second)))
+	var cnt counter
+	v, path, err := later.GetOrComputePath(context.Background(), "r", ref(7), cnt.fn(7))
+	if err != nil || path != PathComputed {
+		t.Fatalf("takeover: %v %v", path, err)
+	}
+	sameValue(t, v, 7)
+	if later.Stats().StaleTakeovers != 1 {
+		t.Fatalf("stale takeovers %d", later.Stats().StaleTakeovers)
+	}
+	if _, path, err := fresh.GetOrComputePath(context.Background(), "f", ref(7), cnt.fn(7)); err != nil || path != PathRemoteHit {
+		t.Fatalf("shared again: %v %v", path, err)
+	}
+}
+
+// A record that does not decode is purged once older than a lease TTL, so
+// its key is shared again; a younger one is computed around.
+func TestUnreadableRecordIsPurged(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	fresh := newCache(t, srv.ClientURL(), store)
+	putRecord(t, fresh, ref(8).KVKey(), []byte("not a record"))
+	var cnt counter
+	if _, path, err := fresh.GetOrComputePath(context.Background(), "f", ref(8), cnt.fn(8)); err != nil || path != PathDegraded {
+		t.Fatalf("young unreadable record: %v %v, want degraded", path, err)
+	}
+	later := newCache(t, srv.ClientURL(), store, WithClock(offsetClock(2*time.Second)))
+	if _, path, err := later.GetOrComputePath(context.Background(), "l", ref(8), cnt.fn(8)); err != nil || path != PathComputed {
+		t.Fatalf("old unreadable record: %v %v, want computed", path, err)
+	}
+	if s := later.Stats(); s.BadRecordsPurged != 1 || s.BadRecords != 1 {
+		t.Fatalf("purged %d bad %d", s.BadRecordsPurged, s.BadRecords)
+	}
+	other := newCache(t, srv.ClientURL(), store)
+	if _, path, err := other.GetOrComputePath(context.Background(), "o", ref(8), cnt.fn(8)); err != nil || path != PathRemoteHit {
+		t.Fatalf("shared again: %v %v", path, err)
+	}
+}
+
+// putRecord writes b under key as a foreign process would: no TTL.
+func putRecord(t *testing.T, c *Cache, key string, b []byte) {
+	t.Helper()
+	ls, _ := c.handles()
+	if _, err := ls.kv.Put(context.Background(), key, b); err != nil {
+		t.Fatal(err)
+	}
+}
