@@ -338,3 +338,16 @@ func putRecord(t *testing.T, c *Cache, key string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// The server keeps TTLs in whole seconds and truncates a fraction: what
+// is sent is rounded up, so no message expires before its writer's deadline.
+func TestWholeSeconds(t *testing.T) {
+	for _, c := range []struct{ in, want time.Duration }{
+		{time.Millisecond, time.Second}, {time.Second, time.Second},
+		{1500 * time.Millisecond, 2 * time.Second}, {time.Hour, time.Hour}, {time.Hour + 1, time.Hour + time.Second},
+	} {
+		if got := wholeSeconds(c.in); got != c.want {
+			t.Errorf("wholeSeconds(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}

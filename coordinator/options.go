@@ -153,11 +153,13 @@ func WithReplicas(n int) Option {
 }
 
 // WithLeaseTTL sets how long a lease lives without a heartbeat (default
-// 5s): the time a crashed holder blocks its key. Heartbeats go every third.
+// 5s, at least 1s): the time a crashed holder blocks its key. Heartbeats go
+// every third. JetStream keeps TTLs in whole seconds: a fraction is
+// rounded up on the wire, while the holder gives the lease up by d.
 func WithLeaseTTL(d time.Duration) Option {
 	return func(s *settings) error {
-		if d < 300*time.Millisecond {
-			return fmt.Errorf("%w: lease TTL must be >= 300ms, got %v", ErrInvalidOption, d)
+		if d < time.Second {
+			return fmt.Errorf("%w: lease TTL must be >= 1s (JetStream TTLs are whole seconds), got %v", ErrInvalidOption, d)
 		}
 		s.leaseTTL = d
 		return nil

@@ -54,7 +54,7 @@ func ensureBucket(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, bu
 // create writes r under key if the key has no live value, with a per-key
 // TTL. It returns the revision; ErrHeld means someone else has the key.
 func (s *leaseStore) create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
-	rev, err := s.kv.Create(ctx, key, r.encode(), jetstream.KeyTTL(ttl))
+	rev, err := s.kv.Create(ctx, key, r.encode(), jetstream.KeyTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
 			return 0, fmt.Errorf("%w: %s", ErrHeld, key)
@@ -70,7 +70,7 @@ func (s *leaseStore) create(ctx context.Context, key string, r Record, ttl time.
 // ErrLeaseLost means rev is no longer the key's revision.
 func (s *leaseStore) cas(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
 	msg := &nats.Msg{Subject: "$KV." + s.bucket + "." + key, Data: r.encode()}
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
 			return 0, fmt.Errorf("%w: %s is past revision %d", ErrLeaseLost, key, rev)
@@ -182,6 +182,15 @@ func (s *leaseStore) readDirect(ctx context.Context, key string) (current, error
 	}
 	c.live, c.record = true, rec
 	return c, nil
+}
+
+// wholeSeconds rounds a TTL up to whole seconds. The server keeps
+// per-message TTLs in whole seconds, truncating a fraction (1.9s expires
+// after 1s) and refusing less than 1s; rounded up, a message never expires
+// before the deadline the writer computed from ttl
+// (docs/jetstream-notes.md).
+func wholeSeconds(ttl time.Duration) time.Duration {
+	return max(time.Second, (ttl+time.Second-1).Truncate(time.Second))
 }
 
 // parseTTL reads a Nats-TTL header: a Go duration ("5s") as nats.go
