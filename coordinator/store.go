@@ -190,7 +190,7 @@ func (s *leaseStore) readDirect(ctx context.Context, key string) (current, error
 // before the deadline the writer computed from ttl
 // (docs/jetstream-notes.md).
 func wholeSeconds(ttl time.Duration) time.Duration {
-	return max(time.Second, (ttl+time.Second-1).Truncate(time.Second))
+	return max(time.Second, (ttl + time.Second - 1).Truncate(time.Second))
 }
 
 // parseTTL reads a Nats-TTL header: a Go duration ("5s") as nats.go
