@@ -41,10 +41,15 @@ test-go:
 test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/...
 
-## test-faults: 200 seeded fault schedules (make test runs 20); FAULT_SCHEDULES=N to change.
+## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
+## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change; a failed schedule prints the -faults.seed that replays it.
 FAULT_SCHEDULES ?= 200
+FAULT_PARALLEL  ?= 3
+FAULT_TIMEOUT   ?= 180m
 test-faults:
-	$(GO) test -race -count=1 -timeout 90m -run '^TestFaults$$' ./integration/ -faults.schedules $(FAULT_SCHEDULES) -v | grep -E '^(fault schedules|--- |ok|FAIL)|faults_test'
+	set -o pipefail; $(GO) test -race -count=1 -timeout $(FAULT_TIMEOUT) -run '^TestFaults$$' ./integration/ \
+		-faults.schedules $(FAULT_SCHEDULES) -faults.parallel $(FAULT_PARALLEL) -v \
+		| grep -E '^(fault schedules|--- |ok|FAIL)|^ +--- FAIL|faults_test'
 
 ## bench: every suite of `embcache bench` (the Redis peer's redis-server is installed first); JSON in bench.json.
 BENCH_FLAGS ?=

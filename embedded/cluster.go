@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -20,25 +21,38 @@ type Cluster struct {
 
 // StartCluster starts n nodes (n >= 1) with stores under dir/<name> and
 // waits until JetStream has a meta leader, so streams can be created.
-// configure, if set, edits each node's options before it starts. A port
-// picked free can be taken by another process before the node binds it;
-// then the whole start is retried on fresh ports (configure runs again).
+//
+// configure, if set, edits each node's options before it starts; it runs
+// for i = 0..n-1 in that order, once per attempt. A port picked free can be
+// taken before the node binds it, and under load a meta leader may not be
+// elected in time: then the nodes are shut down and the whole start is
+// retried (up to startAttempts times, while ctx lasts) on fresh ports, a
+// fresh store and a fresh cluster name, and configure runs again from
+// i = 0 (what it set up for the failed attempt is the caller's to undo).
 func StartCluster(ctx context.Context, n int, dir string, configure func(i int, o *Options)) (*Cluster, error) {
 	if n < 1 {
 		return nil, errors.New("embedded: a cluster needs at least one node")
 	}
 	var err error
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := range startAttempts {
 		var c *Cluster
 		if c, err = startCluster(ctx, n, filepath.Join(dir, "attempt"+strconv.Itoa(attempt)), configure); err == nil {
 			return c, nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !(errors.Is(err, ErrNotReady) || errors.Is(err, ErrPortInUse)) {
 			break
 		}
 	}
 	return nil, err
 }
+
+// startAttempts bounds how often StartCluster tries; formTimeout bounds how
+// long one attempt (and WaitJetStream) waits for the meta leader. A fresh
+// cluster elects one in about a second, or a few when the first votes split.
+const (
+	startAttempts = 4
+	formTimeout   = 30 * time.Second
+)
 
 func startCluster(ctx context.Context, n int, dir string, configure func(i int, o *Options)) (*Cluster, error) {
 	clientPorts, routePorts := make([]int, n), make([]int, n)
@@ -55,14 +69,18 @@ func startCluster(ctx context.Context, n int, dir string, configure func(i int, 
 	for i := range n {
 		routes[i] = "nats-route://127.0.0.1:" + strconv.Itoa(routePorts[i])
 	}
+	// A name of its own: a node of another cluster (of this process or of
+	// another) that ends up on a port one of these nodes routes to is
+	// refused, not merged into this cluster's meta group.
+	name := fmt.Sprintf("embcache-%08x", rand.Uint32())
 	c := &Cluster{Nodes: make([]*Server, n)}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		name := "n" + strconv.Itoa(i+1)
+		node := "n" + strconv.Itoa(i+1)
 		o := Options{
-			StoreDir: filepath.Join(dir, name), Name: name, Port: clientPorts[i],
-			ClusterName: "embcache", ClusterPort: routePorts[i], Routes: routes,
+			StoreDir: filepath.Join(dir, node), Name: node, Port: clientPorts[i],
+			ClusterName: name, ClusterPort: routePorts[i], Routes: routes,
 		}
 		if configure != nil {
 			configure(i, &o)
@@ -109,12 +127,15 @@ func (c *Cluster) Node(name string) *Server {
 	return nil
 }
 
-// WaitJetStream waits until the running nodes have a JetStream meta
-// leader that sees every running node as a current peer, so a stream with
-// as many replicas as running nodes can be placed.
+// WaitJetStream waits (formTimeout at most) until the running nodes have
+// exactly one JetStream meta leader and it sees every running node as a
+// current peer, so a stream with as many replicas as running nodes can be
+// placed.
 func (c *Cluster) WaitJetStream(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, formTimeout)
 	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		running := 0
 		for _, n := range c.Nodes {
@@ -128,18 +149,22 @@ func (c *Cluster) WaitJetStream(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: JetStream has no meta leader with all %d peers", ErrNotReady, running)
-		case <-time.After(20 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
 }
 
+// leaderSeesAll reports whether exactly one node leads the meta group (a
+// deposed leader may not know it yet) and that node sees running peers.
 func (c *Cluster) leaderSeesAll(running int) bool {
+	peers, leaders := 0, 0
 	for _, n := range c.Nodes {
 		if srv := n.NATS(); srv != nil && srv.JetStreamIsLeader() {
-			return len(srv.JetStreamClusterPeers()) == running
+			leaders++
+			peers = len(srv.JetStreamClusterPeers())
 		}
 	}
-	return false
+	return leaders == 1 && peers == running
 }
 
 // StreamLeader returns the node that leads the stream, as the cluster

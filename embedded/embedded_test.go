@@ -2,6 +2,11 @@ package embedded
 
 import (
 	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -120,5 +125,101 @@ func TestClusterR3SurvivesLeaderLoss(t *testing.T) {
 	e, err := kv.Get(ctx, "k")
 	if err != nil || string(e.Value()) != "v2" {
 		t.Fatalf("after failover: %v", err)
+	}
+}
+
+// A node whose port is taken while it is down says so at once, and comes
+// back on the same port once it is free.
+func TestRestartOnTakenPort(t *testing.T) {
+	s, err := Start(Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	s.Shutdown()
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(s.opts.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := s.Restart(); !errors.Is(err, ErrPortInUse) {
+		l.Close()
+		t.Fatalf("restart on a taken port: %v, want ErrPortInUse", err)
+	}
+	if d := time.Since(start); d > s.opts.ReadyTimeout/2 {
+		t.Errorf("restart on a taken port took %v", d)
+	}
+	l.Close()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPortWalk(t *testing.T) {
+	file := func(content string) string {
+		f := filepath.Join(t.TempDir(), "range")
+		if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for _, tc := range []struct {
+		content string
+		lo, hi  int
+	}{
+		{"32768\t60999\n", minPort, 32768}, // Linux's default: below the ephemeral range
+		{"1024 40000\n", 40001, 65536},     // above it
+		{"1024 65000\n", 0, 0},             // no room: the kernel picks
+		{"garbage", 0, 0},                  // unknown
+	} {
+		w := newPortWalk(file(tc.content))
+		if w.lo != tc.lo || w.hi != tc.hi {
+			t.Errorf("%q: range [%d, %d), want [%d, %d)", tc.content, w.lo, w.hi, tc.lo, tc.hi)
+		}
+	}
+	if w := newPortWalk(filepath.Join(t.TempDir(), "missing")); w.hi != 0 {
+		t.Errorf("no range file: range [%d, %d)", w.lo, w.hi)
+	}
+	if _, ok := newPortWalk("/nonexistent").next("127.0.0.1"); ok {
+		t.Error("a walk without a range handed out a port")
+	}
+
+	// The walk hands out free ports of its range, none twice in a row, and
+	// skips a port that is taken.
+	w := newPortWalk(file("32768 60999"))
+	p1, ok := w.next("127.0.0.1")
+	if !ok || p1 < w.lo || p1 >= w.hi {
+		t.Fatalf("port %d (%v), want one in [%d, %d)", p1, ok, w.lo, w.hi)
+	}
+	w.mu.Lock()
+	taken := w.cursor
+	w.mu.Unlock()
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(taken)))
+	if err != nil {
+		t.Skipf("port %d: %v", taken, err)
+	}
+	defer l.Close()
+	p2, ok := w.next("127.0.0.1")
+	if !ok || p2 == p1 || p2 == taken {
+		t.Errorf("ports %d then %d (%v); %d was taken", p1, p2, ok, taken)
+	}
+}
+
+// Two clusters in one process have names of their own: a route from one
+// to the other is refused, not merged.
+func TestClustersHaveTheirOwnNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var names []string
+	for range 2 {
+		c, err := StartCluster(ctx, 3, t.TempDir(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, c.Nodes[0].opts.ClusterName)
+		c.Shutdown()
+	}
+	if names[0] == names[1] {
+		t.Fatalf("two clusters named %q", names[0])
 	}
 }

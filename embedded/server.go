@@ -3,8 +3,11 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +17,10 @@ import (
 
 // ErrNotReady is returned when a server does not accept connections in time.
 var ErrNotReady = errors.New("embedded: server not ready")
+
+// ErrPortInUse is returned when a node's client or route port is taken
+// (by another process, or by another node of this one) as it starts.
+var ErrPortInUse = errors.New("embedded: port in use")
 
 // Options configures one node. The zero value (plus a StoreDir) is a
 // single loopback node on a free port with SyncAlways.
@@ -119,6 +126,11 @@ func (s *Server) start() error {
 	if err != nil {
 		return err
 	}
+	// A taken port would cost the whole ReadyTimeout (the server keeps
+	// waiting for a listener that never comes): say so at once instead.
+	if err := s.checkPorts(); err != nil {
+		return err
+	}
 	srv, err := server.NewServer(o)
 	if err != nil {
 		return fmt.Errorf("embedded: %w", err)
@@ -135,6 +147,24 @@ func (s *Server) start() error {
 	s.mu.Lock()
 	s.srv = srv
 	s.mu.Unlock()
+	return nil
+}
+
+// checkPorts fails with ErrPortInUse when the client or route port cannot
+// be bound right now.
+func (s *Server) checkPorts() error {
+	ports := []int{s.opts.Port}
+	if s.opts.ClusterPort != 0 {
+		ports = append(ports, s.opts.ClusterPort)
+	}
+	hosts := []string{s.opts.Host, s.opts.ClusterHost}
+	for i, port := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(hosts[i], strconv.Itoa(port)))
+		if err != nil {
+			return fmt.Errorf("%w: %s:%d: %v", ErrPortInUse, hosts[i], port, err)
+		}
+		l.Close()
+	}
 	return nil
 }
 
@@ -189,11 +219,86 @@ func (s *Server) Restart() error {
 }
 
 // FreePort returns a TCP port on host that was free a moment ago.
+//
+// It looks outside the kernel's ephemeral range where it knows it (Linux),
+// so that no outgoing connection can be given the port of a node that is
+// stopped for a Restart, and it walks that range from a random start, so
+// that the nodes of one process never get a port another of its nodes had
+// (until the walk wraps around). Elsewhere it asks the kernel for one.
 func FreePort(host string) (int, error) {
+	if p, ok := ports.next(host); ok {
+		return p, nil
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, fmt.Errorf("embedded: finding a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ports hands out the ports FreePort returns.
+var ports = newPortWalk("/proc/sys/net/ipv4/ip_local_port_range")
+
+// portWalk walks a range of ports outside the ephemeral one, one port
+// after the other; a port is handed out only if it can be bound.
+type portWalk struct {
+	lo, hi int // [lo, hi); empty: the range is unknown
+
+	mu     sync.Mutex
+	cursor int // guarded by mu
+}
+
+// The lowest port handed out: below it live the well-known services.
+const minPort = 10000
+
+// newPortWalk reads the ephemeral range ("lo hi") from file and walks the
+// ports below it (or, when those are too few, above it).
+func newPortWalk(file string) *portWalk {
+	w := &portWalk{}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return w
+	}
+	f := strings.Fields(string(raw))
+	if len(f) != 2 {
+		return w
+	}
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || lo > hi {
+		return w
+	}
+	const enough = 1000
+	switch {
+	case lo-minPort >= enough:
+		w.lo, w.hi = minPort, lo
+	case 65536-(hi+1) >= enough:
+		w.lo, w.hi = hi+1, 65536
+	default:
+		return w
+	}
+	w.cursor = w.lo + rand.IntN(w.hi-w.lo) // another process walks from elsewhere
+	return w
+}
+
+// next returns the next port of the walk that host:port can bind now;
+// false when the range is unknown or no port of it is free.
+func (w *portWalk) next(host string) (int, bool) {
+	if w.hi <= w.lo {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for range w.hi - w.lo {
+		p := w.cursor
+		if w.cursor++; w.cursor == w.hi {
+			w.cursor = w.lo
+		}
+		if l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p))); err == nil {
+			l.Close()
+			return p, true
+		}
+	}
+	return 0, false
 }

@@ -2,10 +2,13 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -13,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,18 +40,42 @@ import (
 // accepted commit is still in the store, (d) forwards per key <= 1 + the
 // faults that hit a compute of that key.
 //
-// go test ./integration -run TestFaults -faults.schedules 200 (make test-faults);
-// make test runs a bounded number. -faults.seed N replays one schedule.
+// go test ./integration -run TestFaults -faults.schedules 200 -faults.parallel 3
+// (make test-faults); make test runs a bounded number, one at a time. Each
+// run draws a random base seed; schedule i runs seed base+i, and
+// -faults.seed N replays one schedule. Each schedule has a cluster (fresh
+// ports, store and cluster name), temp dirs and /dev/shm dir of its own, so
+// schedules run side by side, loading the machine as production would.
+//
+// A schedule whose own setup fails (the cluster does not form, a port is
+// taken, a node does not come back, a worker cannot reach the store) says
+// nothing about the cache: it is counted as setup-failed, logged, and run
+// again on a fresh seed; the test fails only when that happens to more
+// than 2% of the schedules.
 var (
 	faultSchedules = flag.Int("faults.schedules", 0, "fault schedules to run (0: EMBCACHE_FAULT_SCHEDULES or 20)")
+	faultParallel  = flag.Int("faults.parallel", 0, "schedules run at once (0: EMBCACHE_FAULT_PARALLEL or 1)")
 	faultSeed      = flag.Uint64("faults.seed", 0, "run only the schedule with this seed")
+	faultBase      = flag.Uint64("faults.base", 0, "schedule i runs seed base+i (0: a random base per run)")
+)
+
+const (
+	faultWorkers, faultKeys, faultOps = 3, 10, 25
+
+	setupTries      = 3 // runs of one schedule whose setup fails, each on a fresh seed
+	setupFailPct    = 2 // the test fails when more schedules than this percentage fail their setup
+	clusterTimeout  = 3 * time.Minute
+	readyTimeout    = time.Minute // a worker's connect and coordinator.New
+	runTimeout      = 2 * time.Minute
+	restartTimeout  = 30 * time.Second
+	readBackTimeout = 30 * time.Second
 )
 
 // hist is one history line of a fault worker.
 type hist struct {
 	T    int64  `json:"t"`    // unix nanos
 	W    string `json:"w"`    // worker
-	Ev   string `json:"ev"`   // compute-start, compute-end, served, error, reserved, committed, refused
+	Ev   string `json:"ev"`   // ready, compute-start, compute-end, served, error, reserved, committed, refused, done
 	Key  int    `json:"key"`  // -1 for worker-wide lines
 	Rev  uint64 `json:"rev"`  // fencing token, for lease events
 	OK   bool   `json:"ok"`   // served: bit-identical to the true value
@@ -85,37 +113,19 @@ func (h *histWriter) Refused(r coordinator.Ref, rev uint64, err error) {
 }
 
 // runFaultWorker runs EMBCACHE_OPS get-or-computes over EMBCACHE_KEYS keys.
+// A worker that cannot reach the store writes one worker-wide error line
+// (key -1): the harness takes it for setup trouble.
 func runFaultWorker() int {
 	h := &histWriter{enc: json.NewEncoder(os.Stdout), w: os.Getenv("EMBCACHE_WORKER_NAME")}
 	keys, _ := strconv.Atoi(os.Getenv("EMBCACHE_KEYS"))
 	ops, _ := strconv.Atoi(os.Getenv("EMBCACHE_OPS"))
 	seed, _ := strconv.ParseUint(os.Getenv("EMBCACHE_SEED"), 10, 64)
-	store, err := shm.Open(os.Getenv("EMBCACHE_SHM"), shm.WithNode("itest-node"))
-	if err != nil {
-		h.emit("error", -1, 0, false, err.Error())
-		return 1
-	}
-	nc, err := nats.Connect(os.Getenv("EMBCACHE_NATS"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	c, nc, err := connectFaultWorker(h)
 	if err != nil {
 		h.emit("error", -1, 0, false, err.Error())
 		return 1
 	}
 	defer nc.Close()
-	var c *coordinator.Cache
-	for range 100 { // the cluster may be electing
-		c, err = coordinator.New(context.Background(), nc, coordinator.WithMode(coordinator.ModeStrict),
-			coordinator.WithReplicas(3), coordinator.WithTransport(payload.TransportShm, store), coordinator.WithShm(store),
-			coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(time.Second), coordinator.WithOpTimeout(time.Second),
-			coordinator.WithComputeTimeout(20*time.Second), coordinator.WithObserver(h))
-		if err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		h.emit("error", -1, 0, false, err.Error())
-		return 1
-	}
 	defer c.Close()
 	h.emit("ready", -1, 0, true, "")
 	rng := rand.New(rand.NewPCG(seed, 11))
@@ -141,239 +151,731 @@ func runFaultWorker() int {
 	return 0
 }
 
+// connectFaultWorker opens the worker's Cache and its connection,
+// retrying while the cluster elects (readyTimeout at most).
+func connectFaultWorker(h *histWriter) (*coordinator.Cache, *nats.Conn, error) {
+	store, err := shm.Open(os.Getenv("EMBCACHE_SHM"), shm.WithNode("itest-node"))
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(os.Getenv("EMBCACHE_NATS"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	var c *coordinator.Cache
+	err = retry(ctx, func() (err error) {
+		c, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict),
+			coordinator.WithReplicas(3), coordinator.WithTransport(payload.TransportShm, store), coordinator.WithShm(store),
+			coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(time.Second), coordinator.WithOpTimeout(time.Second),
+			coordinator.WithComputeTimeout(20*time.Second), coordinator.WithObserver(h))
+		return err
+	})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, nc, nil
+}
+
+// retry calls f until it returns nil or ctx ends, waiting 100 ms after the
+// first failure and twice as long after each next one (2 s at most). It
+// returns f's last error.
+func retry(ctx context.Context, f func() error) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// setupError is trouble of a schedule's own making; it says nothing about
+// the cache.
+type setupError struct{ err error }
+
+func (e *setupError) Error() string { return "setup: " + e.err.Error() }
+func (e *setupError) Unwrap() error { return e.err }
+
+func setupErrorf(format string, args ...any) error {
+	return &setupError{fmt.Errorf(format, args...)}
+}
+
+// faultStats adds up schedules.
 type faultStats struct {
-	schedules, keys, served, errors, violations int
-	faults                                      map[string]int
+	schedules, keys, served, errors, violations, setupFailed int
+	faults                                                   map[string]int
+}
+
+func (s *faultStats) add(o faultStats) {
+	s.schedules += o.schedules
+	s.keys += o.keys
+	s.served += o.served
+	s.errors += o.errors
+	s.violations += o.violations
+	s.setupFailed += o.setupFailed
+	if s.faults == nil {
+		s.faults = map[string]int{}
+	}
+	for k, v := range o.faults {
+		s.faults[k] += v
+	}
+}
+
+// scheduleResult is one run of a schedule.
+type scheduleResult struct {
+	stats      faultStats
+	faults     []string // what hit the system, in order
+	violations []string // findings about the cache
+	setup      error    // the schedule's own trouble: not a finding
 }
 
 func TestFaults(t *testing.T) {
-	n := *faultSchedules
-	if n == 0 {
-		n, _ = strconv.Atoi(os.Getenv("EMBCACHE_FAULT_SCHEDULES"))
-	}
-	if n == 0 {
-		n = 20
-	}
 	if testing.Short() {
 		t.Skip("fault schedules take seconds each")
 	}
-	seeds := make([]uint64, n)
-	for i := range seeds {
-		seeds[i] = uint64(i + 1)
+	r := newFaultRun()
+	msg := fmt.Sprintf("fault schedules starting: %d, %d at a time, base seed: %d", r.n, r.parallel, r.base)
+	t.Log(msg)
+	fmt.Println(msg)
+	start := time.Now()
+	r.runAll(t)
+	r.report(t, time.Since(start))
+}
+
+// faultRun is one run of TestFaults: n schedules, parallel at a time.
+type faultRun struct {
+	n, parallel int
+	base        uint64
+	replay      bool // -faults.seed: re-runs keep the seed
+
+	stop atomic.Bool // a schedule failed, or too many failed their setup
+
+	mu       sync.Mutex
+	total    faultStats // guarded by mu
+	failed   []uint64   // seeds of the schedules that failed; guarded by mu
+	nextSeed uint64     // the next fresh seed for a re-run; guarded by mu
+}
+
+func newFaultRun() *faultRun {
+	r := &faultRun{
+		n:        flagOrEnv(*faultSchedules, "EMBCACHE_FAULT_SCHEDULES", 20),
+		parallel: flagOrEnv(*faultParallel, "EMBCACHE_FAULT_PARALLEL", 1),
+		base:     *faultBase,
+	}
+	if r.base == 0 {
+		r.base = 1 + rand.Uint64N(1<<48) // room for base+i; short enough to type
 	}
 	if *faultSeed != 0 {
-		seeds = []uint64{*faultSeed}
+		r.n, r.parallel, r.base, r.replay = 1, 1, *faultSeed, true
 	}
-	total := faultStats{faults: map[string]int{}}
-	for _, seed := range seeds {
-		st := runSchedule(t, seed)
-		total.schedules++
-		total.keys += st.keys
-		total.served += st.served
-		total.errors += st.errors
-		total.violations += st.violations
-		for k, v := range st.faults {
-			total.faults[k] += v
-		}
-		if t.Failed() {
-			t.Fatalf("schedule %d failed: replay it with go test ./integration -run TestFaults -faults.seed %d", seed, seed)
-		}
+	r.nextSeed = r.base + uint64(r.n)
+	return r
+}
+
+// flagOrEnv is v if set, else the environment variable env if set, else def.
+func flagOrEnv(v int, env string, def int) int {
+	if v <= 0 {
+		v, _ = strconv.Atoi(os.Getenv(env))
 	}
+	if v <= 0 {
+		v = def
+	}
+	return v
+}
+
+// runAll runs the schedules, r.parallel at a time, each as a subtest; it
+// starts no new one once r.stop is set.
+func (r *faultRun) runAll(t *testing.T) {
+	sem := make(chan struct{}, r.parallel)
+	var wg sync.WaitGroup
+	for i := range r.n {
+		sem <- struct{}{}
+		if r.stop.Load() {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t.Run(fmt.Sprintf("schedule-%d", i), func(t *testing.T) { r.runOne(t, r.base+uint64(i)) })
+		})
+	}
+	wg.Wait()
+}
+
+// runOne runs one schedule, again on a fresh seed while its setup fails
+// (setupTries runs at most).
+func (r *faultRun) runOne(t *testing.T, seed uint64) {
+	for try := 1; ; try++ {
+		res := runSchedule(t, seed)
+		r.record(seed, res)
+		if r.replay || len(res.violations) > 0 {
+			t.Logf("seed %d: faults: %s", seed, strings.Join(res.faults, ", "))
+		}
+		if len(res.violations) > 0 {
+			for _, v := range res.violations {
+				t.Errorf("seed %d: %s", seed, v)
+			}
+			t.Errorf("seed %d failed: replay it with go test ./integration -run TestFaults -faults.seed %d", seed, seed)
+			return
+		}
+		if res.setup == nil {
+			return
+		}
+		if r.stop.Load() {
+			t.Logf("seed %d: setup failed (not a finding about the cache; not re-run, the run is stopping): %v", seed, res.setup)
+			return
+		}
+		if try == setupTries {
+			t.Errorf("seed %d: setup failed in %d runs of this schedule in a row (not a finding about the cache): %v",
+				seed, try, res.setup)
+			return
+		}
+		next := r.freshSeed(seed)
+		t.Logf("seed %d: setup failed (not a finding about the cache; re-run as seed %d): %v", seed, next, res.setup)
+		seed = next
+	}
+}
+
+// record adds a schedule's result to the totals; a failed schedule, or
+// one setup failure too many, stops the run.
+func (r *faultRun) record(seed uint64, res scheduleResult) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := res.stats
+	st.violations = len(res.violations)
+	if res.setup != nil {
+		st = faultStats{violations: st.violations, setupFailed: 1}
+	} else {
+		st.schedules = 1
+	}
+	r.total.add(st)
+	if len(res.violations) > 0 {
+		r.failed = append(r.failed, seed)
+		r.stop.Store(true)
+	}
+	if r.total.setupFailed > r.setupAllowed() {
+		r.stop.Store(true)
+	}
+}
+
+// setupAllowed is how many setup failures a run tolerates.
+func (r *faultRun) setupAllowed() int { return max(1, r.n*setupFailPct/100) }
+
+// freshSeed is the seed a schedule is re-run on: the same when replaying.
+func (r *faultRun) freshSeed(seed uint64) uint64 {
+	if r.replay {
+		return seed
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nextSeed++
+	return r.nextSeed - 1
+}
+
+// report prints the summary line and fails the test on too many setup
+// failures.
+func (r *faultRun) report(t *testing.T, wall time.Duration) {
+	r.mu.Lock()
+	total, failed := r.total, slices.Clone(r.failed)
+	r.mu.Unlock()
 	kinds := make([]string, 0, len(total.faults))
 	for k, v := range total.faults {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, v))
 	}
 	slices.Sort(kinds)
-	msg := fmt.Sprintf("fault schedules: %d, faults: %s, keys: %d, values served: %d, errors retried: %d, violations: %d",
-		total.schedules, strings.Join(kinds, " "), total.keys, total.served, total.errors, total.violations)
+	if len(kinds) == 0 {
+		kinds = []string{"none"}
+	}
+	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, faults: %s, keys: %d, values served: %d, errors retried: %d, "+
+		"setup-failed (re-run): %d, violations: %d, wall time: %s",
+		total.schedules, r.base, strings.Join(kinds, " "), total.keys, total.served, total.errors,
+		total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
 	t.Log(msg)
 	fmt.Println(msg)
+	if total.setupFailed > r.setupAllowed() {
+		t.Errorf("setup failed in %d of %d schedules (at most %d tolerated): see the \"setup failed\" lines above",
+			total.setupFailed, r.n, r.setupAllowed())
+	}
+	for _, seed := range failed {
+		t.Errorf("schedule with seed %d failed: replay it with go test ./integration -run TestFaults -faults.seed %d", seed, seed)
+	}
+}
+
+// schedule is one schedule's world: its cluster, links, workers and faults.
+type schedule struct {
+	t       *testing.T
+	seed    uint64
+	rng     *rand.Rand
+	cl      *embedded.Cluster
+	links   *links
+	shmDir  string
+	procs   []*faultProc
+	faults  map[string]int
+	log     []string // the faults in order, with their targets
+	windows []window // when each fault reached the system
+}
+
+// fault records a fault of kind that hit target.
+func (s *schedule) fault(kind, target string) {
+	s.faults[kind]++
+	s.log = append(s.log, kind+" "+target)
+}
+
+// window is a fault's reach, in unix nanos.
+type window struct{ from, to int64 }
+
+// runSchedule runs the schedule of seed: setup, two faults, the checker.
+func runSchedule(t *testing.T, seed uint64) (res scheduleResult) {
+	s := &schedule{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 99)), faults: map[string]int{}}
+	defer s.close()
+	if res.setup = s.setUp(); res.setup != nil {
+		return res
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	res.setup = s.startWorkers(ctx)
+	for f := range 2 {
+		if res.setup != nil {
+			break
+		}
+		res.setup = s.inject(ctx, f)
+	}
+	if res.setup != nil {
+		s.killWorkers() // the schedule is over; what they did so far is still checked
+	}
+	res.violations = s.waitWorkers(ctx)
+	if err := s.workerSetupTrouble(); err != nil && res.setup == nil {
+		res.setup = err
+	}
+	res.violations = append(res.violations, s.workerCrashes()...)
+
+	all := s.history()
+	st, commits, vs := checkHistory(all, s.windows)
+	res.violations = append(res.violations, vs...)
+	if res.setup == nil {
+		cctx, ccancel := context.WithTimeout(context.Background(), runTimeout)
+		defer ccancel()
+		vs, err := s.checkStore(cctx, commits)
+		res.violations, res.setup = append(res.violations, vs...), err
+	}
+	st.faults = s.faults
+	res.stats, res.faults = st, s.log
+	return res
+}
+
+// setUp starts the cluster behind its links and makes the shm dir.
+func (s *schedule) setUp() error {
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	s.links = &links{}
+	cl, err := embedded.StartCluster(ctx, 3, s.t.TempDir(), s.links.configure)
+	if err != nil {
+		return setupErrorf("cluster: %w", err)
+	}
+	s.cl = cl
+	if s.links.err != nil {
+		return setupErrorf("links: %w", s.links.err)
+	}
+	if s.shmDir, err = os.MkdirTemp("/dev/shm", "embcache-faults-"); err != nil {
+		s.shmDir = s.t.TempDir()
+	}
+	return nil
+}
+
+// close kills what is left of the workers and stops the cluster and links.
+func (s *schedule) close() {
+	s.killWorkers()
+	for _, p := range s.procs {
+		<-p.done
+	}
+	if s.cl != nil {
+		s.cl.Shutdown()
+	}
+	if s.links != nil {
+		s.links.close()
+	}
+	if strings.HasPrefix(s.shmDir, "/dev/shm/") {
+		os.RemoveAll(s.shmDir)
+	}
+}
+
+// links are the route proxies of a cluster, each link on a node's route
+// to another; byNode[i] are the links of node i.
+type links struct {
+	all    []*proxy
+	byNode map[int][]*proxy
+	err    error // the first proxy that could not start
+}
+
+// configure is StartCluster's: it routes node i to the others through
+// proxies. i == 0 begins an attempt: the links of a failed one go.
+func (l *links) configure(i int, o *embedded.Options) {
+	if i == 0 {
+		l.close()
+		*l = links{byNode: map[int][]*proxy{}}
+	}
+	var routes []string
+	for j, r := range o.Routes {
+		if j == i {
+			continue
+		}
+		p, err := newProxy(strings.TrimPrefix(r, "nats-route://"))
+		if err != nil {
+			l.err = cmp.Or(l.err, err)
+			continue
+		}
+		l.all = append(l.all, p)
+		l.byNode[i] = append(l.byNode[i], p)
+		l.byNode[j] = append(l.byNode[j], p)
+		routes = append(routes, "nats-route://"+p.addr())
+	}
+	o.Routes = routes
+}
+
+func (l *links) close() {
+	for _, p := range l.all {
+		p.close()
+	}
+}
+
+// setCut cuts (or heals) every link of node k.
+func (l *links) setCut(k int, cut bool) {
+	for _, p := range l.byNode[k] {
+		p.setCut(cut)
+	}
 }
 
 // faultProc is one fault worker process and its history.
 type faultProc struct {
-	name  string
-	cmd   *exec.Cmd
-	lines []hist
+	name   string
+	cmd    *exec.Cmd
+	stderr bytes.Buffer // read only after done
+	killed atomic.Bool  // the harness killed it
+
 	mu    sync.Mutex
-	done  chan struct{}
+	lines []hist // guarded by mu
+
+	ready chan struct{} // closed at its "ready" line
+	done  chan struct{} // closed once it has exited and its output is read
 }
 
-func runSchedule(t *testing.T, seed uint64) faultStats {
-	t.Helper()
-	rng := rand.New(rand.NewPCG(seed, 99))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	var proxies []*proxy
-	byNode := map[int][]*proxy{} // proxies on the links of a node
-	cl, err := embedded.StartCluster(ctx, 3, dir, func(i int, o *embedded.Options) {
-		routes := []string{}
-		for j, r := range o.Routes {
-			if j == i {
-				continue
-			}
-			p, err := newProxy(strings.TrimPrefix(r, "nats-route://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxies = append(proxies, p)
-			byNode[i] = append(byNode[i], p)
-			byNode[j] = append(byNode[j], p)
-			routes = append(routes, "nats-route://"+p.addr())
-		}
-		o.Routes = routes
-	})
+// startWorker starts a fault worker; a goroutine collects its history
+// until it exits.
+func (s *schedule) startWorker(name string, wseed uint64) (*faultProc, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "EMBCACHE_WORKER="+modeFault, "EMBCACHE_WORKER_NAME="+name,
+		"EMBCACHE_NATS="+s.cl.ClientURLs(), "EMBCACHE_SHM="+s.shmDir, "EMBCACHE_KEYS="+strconv.Itoa(faultKeys),
+		"EMBCACHE_OPS="+strconv.Itoa(faultOps), "EMBCACHE_SEED="+strconv.FormatUint(wseed, 10))
+	p := &faultProc{name: name, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
+	cmd.Stderr = &p.stderr
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, setupErrorf("worker %s: %w", name, err)
 	}
-	defer func() {
-		cl.Shutdown()
-		for _, p := range proxies {
-			p.close()
-		}
-	}()
-	shmDir, err := os.MkdirTemp("/dev/shm", "embcache-faults-")
-	if err != nil {
-		shmDir = t.TempDir()
-	} else {
-		defer os.RemoveAll(shmDir)
+	if err := cmd.Start(); err != nil {
+		return nil, setupErrorf("worker %s: %w", name, err)
 	}
-	const workers, keys, ops = 3, 10, 25
-	start := func(name string, wseed uint64) *faultProc {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "EMBCACHE_WORKER="+modeFault, "EMBCACHE_WORKER_NAME="+name,
-			"EMBCACHE_NATS="+cl.ClientURLs(), "EMBCACHE_SHM="+shmDir, "EMBCACHE_KEYS="+strconv.Itoa(keys),
-			"EMBCACHE_OPS="+strconv.Itoa(ops), "EMBCACHE_SEED="+strconv.FormatUint(wseed, 10))
-		stdout, _ := cmd.StdoutPipe()
-		p := &faultProc{name: name, cmd: cmd, done: make(chan struct{})}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			defer close(p.done)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				var h hist
-				if json.Unmarshal(sc.Bytes(), &h) == nil {
-					p.mu.Lock()
-					p.lines = append(p.lines, h)
-					p.mu.Unlock()
-				}
-			}
-			cmd.Wait()
-		}()
-		return p
-	}
-	var procs []*faultProc
-	for w := range workers {
-		procs = append(procs, start(fmt.Sprint("w", w), seed*100+uint64(w)))
-	}
+	s.procs = append(s.procs, p)
+	go p.collect(stdout)
+	return p, nil
+}
 
-	// The schedule: two faults, at seeded times in the first ~2 s.
-	st := faultStats{faults: map[string]int{}}
-	type window struct{ from, to int64 }
-	var faultTimes []window
-	for f := range 2 {
-		time.Sleep(time.Duration(300+rng.IntN(900)) * time.Millisecond) // the schedule's clock
-		from := time.Now().UnixNano()
-		switch kind := rng.IntN(4); kind {
-		case 0: // SIGKILL a worker, start a replacement
-			i := rng.IntN(len(procs))
-			procs[i].cmd.Process.Signal(syscall.SIGKILL)
-			<-procs[i].done
-			procs = append(procs, start(fmt.Sprintf("w%d-r%d", i, f), seed*100+uint64(10+f)))
-			st.faults["kill-worker"]++
-		case 1: // SIGSTOP a worker past its lease
-			i := rng.IntN(len(procs))
-			procs[i].cmd.Process.Signal(syscall.SIGSTOP)
-			time.Sleep(1500 * time.Millisecond)
-			procs[i].cmd.Process.Signal(syscall.SIGCONT)
-			st.faults["pause-worker"]++
-		case 2: // stop a NATS node (half the time the stream leader), restart it
-			node := cl.Nodes[rng.IntN(3)]
-			if rng.IntN(2) == 0 {
-				nc, err := cl.Connect()
-				if err == nil {
-					if js, err := jetstreamOf(nc); err == nil {
-						if l, err := cl.StreamLeader(ctx, js, "KV_"+coordinator.DefaultBucket); err == nil {
-							node = l
-						}
-					}
-					nc.Close()
-				}
-			}
-			node.Shutdown()
-			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
-			var err error
-			for range 3 { // its port may be briefly taken; the store is what matters
-				if err = node.Restart(); err == nil {
-					break
-				}
-			}
-			if err != nil {
-				t.Fatalf("seed %d: restart %s: %v", seed, node.Name(), err)
-			}
-			st.faults["stop-node"]++
-		case 3: // partition one node from the others
-			k := rng.IntN(3)
-			for _, p := range byNode[k] {
-				p.setCut(true)
-			}
-			time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
-			for _, p := range byNode[k] {
-				p.setCut(false)
-			}
-			st.faults["partition-node"]++
+func (p *faultProc) collect(stdout io.Reader) {
+	defer close(p.done)
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		var h hist
+		if json.Unmarshal(sc.Bytes(), &h) != nil {
+			continue
 		}
-		// A fault's reach outlasts it: elections and reconnects settle after it.
-		faultTimes = append(faultTimes, window{from, time.Now().Add(3 * time.Second).UnixNano()})
+		p.mu.Lock()
+		p.lines = append(p.lines, h)
+		p.mu.Unlock()
+		if h.Ev == "ready" {
+			close(p.ready)
+		}
 	}
-	for _, p := range procs {
+	io.Copy(io.Discard, stdout) // past a line too long to scan: the worker must not block on a full pipe
+	p.cmd.Wait()
+}
+
+// isReady reports whether the worker has said it is ready.
+func (p *faultProc) isReady() bool {
+	select {
+	case <-p.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *faultProc) kill() {
+	p.killed.Store(true)
+	p.cmd.Process.Kill()
+}
+
+// history is a copy of the worker's lines so far.
+func (p *faultProc) history() []hist {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lines)
+}
+
+// startWorkers starts the workers and waits until each is ready, so that
+// the schedule's clock starts when they work, however loaded the machine.
+func (s *schedule) startWorkers(ctx context.Context) error {
+	for w := range faultWorkers {
+		if _, err := s.startWorker(fmt.Sprint("w", w), s.seed*100+uint64(w)); err != nil {
+			return err
+		}
+	}
+	for _, p := range s.procs {
+		select {
+		case <-p.ready:
+		case <-p.done: // ready, if it was, is closed before done
+			if !p.isReady() {
+				return setupErrorf("worker %s exited before it was ready: %s", p.name, p.setupNote())
+			}
+		case <-ctx.Done():
+			return setupErrorf("worker %s not ready: %w", p.name, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// setupNote is the worker's worker-wide error line, or its stderr.
+func (p *faultProc) setupNote() string {
+	for _, h := range p.history() {
+		if h.Ev == "error" && h.Key == -1 {
+			return h.Note
+		}
+	}
+	return tail(p.stderr.String(), 2000)
+}
+
+// inject is fault f of the schedule, at a seeded time; an error is setup
+// trouble (a node that does not come back).
+func (s *schedule) inject(ctx context.Context, f int) error {
+	time.Sleep(time.Duration(300+s.rng.IntN(900)) * time.Millisecond) // the schedule's clock
+	from := time.Now().UnixNano()
+	var err error
+	switch kind := s.rng.IntN(4); kind {
+	case 0:
+		err = s.killWorker(f)
+	case 1:
+		s.pauseWorker()
+	case 2:
+		err = s.stopNode(ctx)
+	case 3:
+		s.partitionNode()
+	}
+	// A fault's reach outlasts it: elections and reconnects settle after it.
+	s.windows = append(s.windows, window{from, time.Now().Add(3 * time.Second).UnixNano()})
+	return err
+}
+
+// killWorker SIGKILLs a worker and starts a replacement.
+func (s *schedule) killWorker(f int) error {
+	i := s.rng.IntN(len(s.procs))
+	s.procs[i].kill()
+	<-s.procs[i].done
+	s.fault("kill-worker", s.procs[i].name)
+	_, err := s.startWorker(fmt.Sprintf("w%d-r%d", i, f), s.seed*100+uint64(10+f))
+	return err
+}
+
+// pauseWorker SIGSTOPs a worker past its lease.
+func (s *schedule) pauseWorker() {
+	p := s.procs[s.rng.IntN(len(s.procs))]
+	p.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(1500 * time.Millisecond)
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	s.fault("pause-worker", p.name)
+}
+
+// stopNode stops a NATS node (half the time the stream leader) and
+// restarts it.
+func (s *schedule) stopNode(ctx context.Context) error {
+	node := s.cl.Nodes[s.rng.IntN(3)]
+	if s.rng.IntN(2) == 0 {
+		if l := s.streamLeader(ctx); l != nil {
+			node = l
+		}
+	}
+	node.Shutdown()
+	time.Sleep(time.Duration(500+s.rng.IntN(1000)) * time.Millisecond)
+	s.fault("stop-node", node.Name())
+	return restartNode(ctx, node)
+}
+
+// streamLeader is the node leading the bucket's stream, or nil.
+func (s *schedule) streamLeader(ctx context.Context) *embedded.Server {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	nc, err := s.cl.Connect()
+	if err != nil {
+		return nil
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil
+	}
+	l, err := s.cl.StreamLeader(ctx, js, "KV_"+coordinator.DefaultBucket)
+	if err != nil {
+		return nil
+	}
+	return l
+}
+
+// restartNode restarts a node, backing off while its port is briefly taken
+// (restartTimeout at most); the store on disk is what matters.
+func restartNode(ctx context.Context, node *embedded.Server) error {
+	ctx, cancel := context.WithTimeout(ctx, restartTimeout)
+	defer cancel()
+	if err := retry(ctx, node.Restart); err != nil {
+		return setupErrorf("restart of %s: %w", node.Name(), err)
+	}
+	return nil
+}
+
+// partitionNode cuts one node off the others for a while.
+func (s *schedule) partitionNode() {
+	k := s.rng.IntN(3)
+	s.links.setCut(k, true)
+	time.Sleep(time.Duration(500+s.rng.IntN(1000)) * time.Millisecond)
+	s.links.setCut(k, false)
+	s.fault("partition-node", s.cl.Nodes[k].Name())
+}
+
+// killWorkers kills the workers still running.
+func (s *schedule) killWorkers() {
+	for _, p := range s.procs {
+		select {
+		case <-p.done:
+		default:
+			p.kill()
+		}
+	}
+}
+
+// waitWorkers waits for every worker to finish; one still running when
+// ctx ends is stuck, which is a finding.
+func (s *schedule) waitWorkers(ctx context.Context) []string {
+	var vs []string
+	for _, p := range s.procs {
 		select {
 		case <-p.done:
 		case <-ctx.Done():
-			p.cmd.Process.Kill()
+			p.kill()
 			<-p.done
-			t.Errorf("seed %d: worker %s did not finish", seed, p.name)
+			vs = append(vs, fmt.Sprintf("worker %s did not finish in %v", p.name, runTimeout))
 		}
 	}
+	return vs
+}
 
-	// The checker.
+// workerSetupTrouble is the first worker-wide error line of a worker: it
+// could not reach the store in readyTimeout.
+func (s *schedule) workerSetupTrouble() error {
+	for _, p := range s.procs {
+		for _, h := range p.history() {
+			if h.Ev == "error" && h.Key == -1 {
+				return setupErrorf("worker %s: %s", p.name, h.Note)
+			}
+		}
+	}
+	return nil
+}
+
+// workerCrashes are the workers that died on their own, without a
+// worker-wide error line: a panic, or a data race the race detector saw.
+func (s *schedule) workerCrashes() []string {
+	var vs []string
+	for _, p := range s.procs {
+		if p.killed.Load() || p.cmd.ProcessState == nil || p.cmd.ProcessState.Success() {
+			continue
+		}
+		if slices.ContainsFunc(p.history(), func(h hist) bool { return h.Ev == "error" && h.Key == -1 }) {
+			continue
+		}
+		vs = append(vs, fmt.Sprintf("worker %s crashed (%v):\n%s", p.name, p.cmd.ProcessState, tail(p.stderr.String(), 4000)))
+	}
+	return vs
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// history is every worker's history, in time order.
+func (s *schedule) history() []hist {
 	var all []hist
-	for _, p := range procs {
-		all = append(all, p.lines...)
+	for _, p := range s.procs {
+		all = append(all, p.history()...)
 	}
-	slices.SortFunc(all, func(a, b hist) int { return int(a.T - b.T) })
-	violate := func(format string, args ...any) {
-		st.violations++
-		t.Errorf("seed %d: "+format, append([]any{seed}, args...)...)
-	}
+	slices.SortStableFunc(all, func(a, b hist) int { return int(a.T - b.T) })
+	return all
+}
+
+// checkHistory checks (a), (b) and (d) on the histories; it returns the
+// schedule's stats and the accepted commits by key, for (c).
+func checkHistory(all []hist, windows []window) (faultStats, map[int][]hist, []string) {
+	var st faultStats
+	var vs []string
 	commits := map[int][]hist{}
 	computes := map[int]int{}
-	open := map[string]int64{} // worker/key -> compute start
-	touched := map[int]int{}   // faults that hit a compute of the key
-	hitKey := map[int]map[int]bool{}
 	for _, h := range all {
 		switch h.Ev {
 		case "committed":
 			commits[h.Key] = append(commits[h.Key], h)
 		case "compute-start":
 			computes[h.Key]++
-			open[fmt.Sprint(h.W, "/", h.Key)] = h.T
-		case "compute-end":
-			delete(open, fmt.Sprint(h.W, "/", h.Key))
 		case "served":
 			st.served++
 			if !h.OK {
-				violate("worker %s served key %d with the wrong bytes", h.W, h.Key) // (b)
+				vs = append(vs, fmt.Sprintf("worker %s served key %d with the wrong bytes", h.W, h.Key)) // (b)
 			}
 		case "error":
-			st.errors++
+			if h.Key >= 0 {
+				st.errors++
+			}
 		}
 	}
-	// A compute is hit by a fault that overlaps it, or that begins before
-	// its commit could land (a compute left open: its worker died).
+	for _, k := range sortedKeys(commits) {
+		if cs := commits[k]; len(cs) > 1 {
+			vs = append(vs, fmt.Sprintf("key %d has %d accepted commits", k, len(cs))) // (a)
+		}
+	}
+	touched := faultsTouching(all, windows)
+	for _, k := range sortedKeys(computes) {
+		if n := computes[k]; n > 1+touched[k] {
+			vs = append(vs, fmt.Sprintf("key %d computed %d times with %d faults touching it", k, n, touched[k])) // (d)
+		}
+	}
+	st.keys = len(computes)
+	return st, commits, vs
+}
+
+// faultsTouching counts, per key, the faults that hit a compute of it: a
+// fault that overlaps the compute, or that begins before its commit could
+// land (a compute left open: its worker died).
+func faultsTouching(all []hist, windows []window) map[int]int {
+	hitKey := map[int]map[int]bool{}
 	for _, h := range all {
 		if h.Ev != "compute-start" {
 			continue
@@ -385,7 +887,7 @@ func runSchedule(t *testing.T, seed uint64) faultStats {
 				break
 			}
 		}
-		for fi, f := range faultTimes {
+		for fi, f := range windows {
 			if f.from <= end && f.to >= h.T {
 				if hitKey[h.Key] == nil {
 					hitKey[h.Key] = map[int]bool{}
@@ -394,68 +896,89 @@ func runSchedule(t *testing.T, seed uint64) faultStats {
 			}
 		}
 	}
+	touched := map[int]int{}
 	for k, fs := range hitKey {
 		touched[k] = len(fs)
 	}
-	for k, cs := range commits {
-		if len(cs) > 1 {
-			violate("key %d has %d accepted commits", k, len(cs)) // (a)
-		}
+	return touched
+}
+
+func sortedKeys[V any](m map[int]V) []int {
+	ks := make([]int, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
 	}
-	for k, n := range computes {
-		if n > 1+touched[k] {
-			violate("key %d computed %d times with %d faults touching it", k, n, touched[k]) // (d)
-		}
-	}
-	// (c): every accepted commit is still the key's record.
-	nc, err := cl.Connect()
+	slices.Sort(ks)
+	return ks
+}
+
+// checkStore checks (c): every accepted commit is still the key's record.
+// Not reaching the cluster at all is setup trouble.
+func (s *schedule) checkStore(ctx context.Context, commits map[int][]hist) ([]string, error) {
+	check, closeCheck, err := s.checker(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	defer nc.Close()
-	if err := cl.WaitJetStream(ctx); err != nil {
-		t.Fatalf("seed %d: %v", seed, err)
-	}
-	var check *coordinator.Cache
-	for attempt := 0; ; attempt++ { // the bucket's own leader may still be electing
-		check, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithReplicas(3),
-			coordinator.WithTransport(payload.TransportShm, mustShm(t, shmDir)), coordinator.WithNode("itest-node"))
-		if err == nil {
-			break
-		}
-		if attempt == 100 {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	defer check.Close()
-	for k, cs := range commits {
-		var v *payload.Value
-		var path coordinator.Path
-		for attempt := 0; attempt < 50; attempt++ { // the cluster may still be electing
-			v, path, err = check.GetOrComputePath(ctx, "check", workerRef(k), func(context.Context) (*payload.Value, error) {
-				return nil, fmt.Errorf("key %d recomputed: its commit (rev %d) was lost", k, cs[0].Rev)
-			})
-			if err == nil || strings.Contains(err.Error(), "recomputed") {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+	defer closeCheck()
+	var vs []string
+	for _, k := range sortedKeys(commits) {
+		v, path, err := readBack(ctx, check, k, commits[k][0].Rev)
 		if err != nil || path != coordinator.PathRemoteHit || sum(v) != sum(encode(k, false)) {
-			violate("key %d: committed value not served from the store: %v %v", k, path, err)
+			vs = append(vs, fmt.Sprintf("key %d: committed value not served from the store: %v %v", k, path, err))
 		}
 		check.Release("check")
 	}
-	st.keys = len(computes)
-	return st
+	return vs, nil
 }
 
-func mustShm(t *testing.T, dir string) *shm.Store {
-	s, err := shm.Open(dir, shm.WithNode("itest-node"))
+// checker is the checker's Cache on the cluster, once it has a meta leader
+// and the bucket's own leader is elected.
+func (s *schedule) checker(ctx context.Context) (*coordinator.Cache, func(), error) {
+	nc, err := s.cl.Connect(nats.RetryOnFailedConnect(true))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, setupErrorf("checker: %w", err)
 	}
-	return s
+	if err := s.cl.WaitJetStream(ctx); err != nil {
+		nc.Close()
+		return nil, nil, setupErrorf("checker: %w", err)
+	}
+	store, err := shm.Open(s.shmDir, shm.WithNode("itest-node"))
+	if err != nil {
+		nc.Close()
+		return nil, nil, setupErrorf("checker: %w", err)
+	}
+	nctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	var check *coordinator.Cache
+	err = retry(nctx, func() (err error) {
+		check, err = coordinator.New(nctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithReplicas(3),
+			coordinator.WithTransport(payload.TransportShm, store), coordinator.WithNode("itest-node"))
+		return err
+	})
+	if err != nil {
+		nc.Close()
+		return nil, nil, setupErrorf("checker: %w", err)
+	}
+	return check, func() { check.Close(); nc.Close() }, nil
 }
 
-func jetstreamOf(nc *nats.Conn) (jetstream.JetStream, error) { return jetstream.New(nc) }
+// readBack gets key k through check, which must not compute it: its
+// commit (rev) is in the store. Other errors are retried while the cluster
+// may still be electing (readBackTimeout at most).
+func readBack(ctx context.Context, check *coordinator.Cache, k int, rev uint64) (*payload.Value, coordinator.Path, error) {
+	ctx, cancel := context.WithTimeout(ctx, readBackTimeout)
+	defer cancel()
+	var v *payload.Value
+	var path coordinator.Path
+	var err error
+	retry(ctx, func() error {
+		v, path, err = check.GetOrComputePath(ctx, "check", workerRef(k), func(context.Context) (*payload.Value, error) {
+			return nil, fmt.Errorf("key %d recomputed: its commit (rev %d) was lost", k, rev)
+		})
+		if err != nil && !strings.Contains(err.Error(), "recomputed") {
+			return err // the cluster may still be electing
+		}
+		return nil
+	})
+	return v, path, err
+}
