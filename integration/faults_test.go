@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -57,6 +58,7 @@ var (
 	faultParallel  = flag.Int("faults.parallel", 0, "schedules run at once (0: EMBCACHE_FAULT_PARALLEL or 1)")
 	faultSeed      = flag.Uint64("faults.seed", 0, "run only the schedule with this seed")
 	faultBase      = flag.Uint64("faults.base", 0, "schedule i runs seed base+i (0: a random base per run)")
+	faultNoMarkers = flag.Bool("faults.nomarkers", false, "create the lease bucket without subject delete markers (docs/protocol.md 3.2)")
 )
 
 const (
@@ -214,8 +216,8 @@ func setupErrorf(format string, args ...any) error {
 
 // faultStats adds up schedules.
 type faultStats struct {
-	schedules, keys, served, errors, violations, setupFailed int
-	faults                                                   map[string]int
+	schedules, keys, served, errors, refused, violations, setupFailed int
+	faults                                                            map[string]int
 }
 
 func (s *faultStats) add(o faultStats) {
@@ -223,6 +225,7 @@ func (s *faultStats) add(o faultStats) {
 	s.keys += o.keys
 	s.served += o.served
 	s.errors += o.errors
+	s.refused += o.refused
 	s.violations += o.violations
 	s.setupFailed += o.setupFailed
 	if s.faults == nil {
@@ -397,10 +400,14 @@ func (r *faultRun) report(t *testing.T, wall time.Duration) {
 	if len(kinds) == 0 {
 		kinds = []string{"none"}
 	}
-	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, faults: %s, keys: %d, values served: %d, errors retried: %d, "+
-		"setup-failed (re-run): %d, violations: %d, wall time: %s",
-		total.schedules, r.base, strings.Join(kinds, " "), total.keys, total.served, total.errors,
-		total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
+	bucket := "markers"
+	if *faultNoMarkers {
+		bucket = "no markers"
+	}
+	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, bucket: %s, faults: %s, keys: %d, values served: %d, "+
+		"errors retried: %d, commits refused: %d, setup-failed (re-run): %d, violations: %d, wall time: %s",
+		total.schedules, r.base, bucket, strings.Join(kinds, " "), total.keys, total.served, total.errors,
+		total.refused, total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
 	t.Log(msg)
 	fmt.Println(msg)
 	if total.setupFailed > r.setupAllowed() {
@@ -487,10 +494,36 @@ func (s *schedule) setUp() error {
 	if s.links.err != nil {
 		return setupErrorf("links: %w", s.links.err)
 	}
+	if *faultNoMarkers {
+		if err := createNoMarkerBucket(ctx, cl); err != nil {
+			return setupErrorf("bucket without markers: %w", err)
+		}
+	}
 	if s.shmDir, err = os.MkdirTemp("/dev/shm", "embcache-faults-"); err != nil {
 		s.shmDir = s.t.TempDir()
 	}
 	return nil
+}
+
+// createNoMarkerBucket creates the lease bucket's stream before any worker
+// does, without subject delete markers; the workers bind it as it is.
+func createNoMarkerBucket(ctx context.Context, cl *embedded.Cluster) error {
+	nc, err := cl.Connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	return retry(ctx, func() error {
+		_, err := js.CreateStream(ctx, noMarkerKVStream(coordinator.DefaultBucket, 3))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil
+		}
+		return err
+	})
 }
 
 // close kills what is left of the workers and stops the cluster and links.
@@ -854,6 +887,8 @@ func checkHistory(all []hist, windows []window) (faultStats, map[int][]hist, []s
 			if h.Key >= 0 {
 				st.errors++
 			}
+		case "refused":
+			st.refused++
 		}
 	}
 	for _, k := range sortedKeys(commits) {

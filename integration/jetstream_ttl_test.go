@@ -428,13 +428,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 
 	t.Run("R3NoMarkers", func(t *testing.T) {
 		const bucket = "JSN_R3_NOMARKERS"
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"},
-			MaxMsgsPerSubject: 1, MaxBytes: -1, MaxMsgs: -1, MaxMsgSize: -1, MaxConsumers: -1,
-			Duplicates: 2 * time.Minute, AllowRollup: true, DenyDelete: true, AllowDirect: true,
-			Discard: jetstream.DiscardNew, Replicas: 3, Storage: jetstream.FileStorage,
-			AllowMsgTTL: true, SubjectDeleteMarkerTTL: 0,
-		}); err != nil {
+		if _, err := js.CreateStream(ctx, noMarkerKVStream(bucket, 3)); err != nil {
 			t.Fatal(err)
 		}
 		kv, err := js.KeyValue(ctx, bucket)
@@ -710,5 +704,18 @@ func TestJetStreamMsgTTLWholeSeconds(t *testing.T) {
 		t.Errorf("expired %v after the create: earlier than the whole seconds of its %v TTL", after, ttl)
 	case after >= ttl:
 		t.Errorf("expired %v after the create, not before its %v TTL: nats-server no longer truncates TTLs to whole seconds (or its sweep ran a second late): revisit docs/jetstream-notes.md", after, ttl)
+	}
+}
+
+// noMarkerKVStream is the stream of a KV bucket (History 1) that allows
+// per-message TTLs but places no subject delete markers: an expired key
+// just disappears. Bind it with js.KeyValue(bucket).
+func noMarkerKVStream(bucket string, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name: "KV_" + bucket, Subjects: []string{"$KV." + bucket + ".>"},
+		MaxMsgsPerSubject: 1, MaxBytes: -1, MaxMsgs: -1, MaxMsgSize: -1, MaxConsumers: -1,
+		Duplicates: 2 * time.Minute, AllowRollup: true, DenyDelete: true, AllowDirect: true,
+		Discard: jetstream.DiscardNew, Replicas: replicas, Storage: jetstream.FileStorage,
+		AllowMsgTTL: true, SubjectDeleteMarkerTTL: 0,
 	}
 }
