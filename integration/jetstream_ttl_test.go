@@ -516,26 +516,8 @@ func jsnHeader(t *testing.T, ctx context.Context, nc *nats.Conn, bucket string, 
 func TestJetStreamKVUpdateDropsKeyTTL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bucket = "JSN_UPDATE"
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
-		Storage: jetstream.FileStorage, LimitMarkerTTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js, kv := singleNodeKV(t, ctx, bucket)
 	rev, err := kv.Create(ctx, "k", []byte("v1"), jetstream.KeyTTL(time.Hour))
 	if err != nil {
 		t.Fatal(err)
@@ -648,29 +630,11 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 func TestJetStreamMsgTTLWholeSeconds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bucket = "JSN_SECONDS"
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
-		Storage: jetstream.FileStorage, LimitMarkerTTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, kv := singleNodeKV(t, ctx, bucket)
 	const errTTLInvalid = 10165 // JSMessageTTLInvalidErr; nats.go has no constant for it
 	var apiErr *jetstream.APIError
-	_, err = kv.Create(ctx, "short", []byte("v"), jetstream.KeyTTL(999*time.Millisecond))
+	_, err := kv.Create(ctx, "short", []byte("v"), jetstream.KeyTTL(999*time.Millisecond))
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errTTLInvalid {
 		t.Errorf("create with a 999ms TTL: %v, want API error %d", err, errTTLInvalid)
 	}
@@ -718,4 +682,31 @@ func noMarkerKVStream(bucket string, replicas int) jetstream.StreamConfig {
 		Discard: jetstream.DiscardNew, Replicas: replicas, Storage: jetstream.FileStorage,
 		AllowMsgTTL: true, SubjectDeleteMarkerTTL: 0,
 	}
+}
+
+// singleNodeKV starts one embedded node and creates a KV bucket on it with
+// per-key TTLs allowed (LimitMarkerTTL), as the lease bucket is; the node
+// and connection end with the test.
+func singleNodeKV(t *testing.T, ctx context.Context, bucket string) (*nats.Conn, jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
+		Storage: jetstream.FileStorage, LimitMarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, kv
 }
