@@ -351,3 +351,27 @@ func TestWholeSeconds(t *testing.T) {
 		}
 	}
 }
+
+// A renewal whose answer was lost but which landed is adopted before the
+// commit, which then goes on the renewal's revision.
+func TestRenewalWithLostAckIsAdopted(t *testing.T) {
+	lt := newLeaseTest(t)
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := lease.Revision()
+	lt.onNext("write", func(error) error { return context.DeadlineExceeded })
+	if next, ok := lease.beat(ctx); !ok || next >= longLease/3 {
+		t.Fatalf("a renewal with an unknown outcome: next %v, kept %v; want a sooner retry", next, ok)
+	}
+	if _, err := lease.Commit(ctx, embedding(9)); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	cur := lt.read(t, ref(9).KVKey())
+	if cur.record.State != StateCommitted || cur.rev != reserved+2 || lease.Revision() != cur.rev {
+		t.Fatalf("server at %d (%v), lease at %d; want the commit right after the renewal at %d",
+			cur.rev, cur.record.State, lease.Revision(), reserved+1)
+	}
+}
