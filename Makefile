@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: bench-go debs test-debs test-python bench-agent-hit test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: check-tracked bench-go debs test-debs test-python bench-agent-hit test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -21,7 +21,11 @@ build:
 NATSCLI   := github.com/nats-io/natscli/nats@v0.5.0
 
 ## test: vet (with and without the mooncake tag), every Go test under -race, the Python client's tests.
-test: tools test-debs vet test-go test-mooncake test-python
+test: check-tracked tools test-debs vet test-go test-mooncake test-python
+
+## check-tracked: no tracked file over 1 MiB, no tracked executable (build outputs go to bin/).
+check-tracked:
+	scripts/check-tracked.sh
 
 ## tools: the nats CLI (for the inspection test and docs/operations.md), in bin/.
 tools: $(BIN)/nats
@@ -82,7 +86,7 @@ test-python: build
 bench-agent-hit: build
 	PYTHON=$(PYTHON) scripts/bench-agent-hit.sh
 
-lint: vet
+lint: vet check-tracked
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) mod tidy -diff
 
