@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -445,5 +446,208 @@ func TestKeyExactIntegers(t *testing.T) {
 	want, _ := keyer.RawBytes([]byte("x"))
 	if got.Key != want.String() || got.WeightEpoch != 1<<53+1 {
 		t.Fatalf("key %s epoch %d, want %s epoch %d", got.Key, got.WeightEpoch, want, uint64(1<<53+1))
+	}
+}
+
+// httpClient is a plain HTTP client of the agent at socket. Its connections
+// stay open until the test ends: a reservation lives as long as the
+// connection that made it.
+func httpClient(t *testing.T, socket string) *http.Client {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// call posts in (nil: a GET) to path with a CallHeader, and returns the
+// answer's status, call header and body.
+func call(t *testing.T, hc *http.Client, path, name string, in any) (int, string, []byte) {
+	t.Helper()
+	method, body := http.MethodGet, []byte(nil)
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			t.Fatal(err)
+		}
+		method = http.MethodPost
+	}
+	req, err := http.NewRequest(method, "http://agent"+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(agent.CallHeader, name)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := new(bytes.Buffer)
+	out.ReadFrom(resp.Body)
+	return resp.StatusCode, resp.Header.Get(agent.CallHeader), out.Bytes()
+}
+
+// TestAnswersNameWhatTheyAnswer: every answer echoes the call it answers
+// (errors and 204s too), and lookups, slots, commits and releases name the
+// key, reservation, client and request they are for: what a client checks
+// before it takes an answer as a value.
+func TestAnswersNameWhatTheyAnswer(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c, hc := client(t, n), httpClient(t, n.socket)
+	ref := keyOf(t, c, "image-echo")
+	ref.Model, ref.WeightEpoch = "m", 7 // not zero: echoed, not left out
+	decode := func(status int, echoed, want string, body []byte, v any) {
+		t.Helper()
+		if status/100 != 2 || echoed != want {
+			t.Fatalf("call %s: status %d, echoed %q: %s", want, status, echoed, body)
+		}
+		if err := json.Unmarshal(body, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkLookup := func(r agent.LookupResponse, requestID string) {
+		t.Helper()
+		if r.KeyRef != ref || r.Client != "py-1" || r.RequestID != requestID {
+			t.Fatalf("answer names %+v for client %q request %q; asked %+v, py-1, %s", r.KeyRef, r.Client, r.RequestID, ref, requestID)
+		}
+	}
+
+	var reserved agent.LookupResponse
+	st, echoed, body := call(t, hc, "/v1/lookup", "c.1", agent.LookupRequest{KeyRef: ref, Client: "py-1", RequestID: "r1"})
+	decode(st, echoed, "c.1", body, &reserved)
+	checkLookup(reserved, "r1")
+	if reserved.Status != agent.StatusReserved || reserved.Reservation == "" {
+		t.Fatalf("%+v", reserved)
+	}
+	var slot agent.SlotResponse
+	st, echoed, body = call(t, hc, "/v1/slot", "c.2", agent.SlotRequest{Reservation: reserved.Reservation, Size: 4})
+	decode(st, echoed, "c.2", body, &slot)
+	if slot.Reservation != reserved.Reservation {
+		t.Fatalf("slot for reservation %q, asked %q", slot.Reservation, reserved.Reservation)
+	}
+	if err := os.WriteFile(slot.File, []byte("abcd"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var committed agent.LookupResponse
+	st, echoed, body = call(t, hc, "/v1/commit", "c.3", agent.CommitRequest{Reservation: reserved.Reservation,
+		Client: "py-1", RequestID: "r1", DType: "uint8", Shape: []int64{4}, Slot: slot.Slot})
+	decode(st, echoed, "c.3", body, &committed)
+	checkLookup(committed, "r1")
+	if committed.Status != agent.StatusHit || committed.Reservation != reserved.Reservation {
+		t.Fatalf("%+v", committed)
+	}
+	var hit agent.LookupResponse
+	st, echoed, body = call(t, hc, "/v1/lookup", "c.4", agent.LookupRequest{KeyRef: ref, Client: "py-1", RequestID: "r2"})
+	decode(st, echoed, "c.4", body, &hit)
+	checkLookup(hit, "r2")
+	if hit.Status != agent.StatusHit || !bytes.Equal(mapped(t, hit.Value), []byte("abcd")) {
+		t.Fatalf("%+v", hit)
+	}
+	var released agent.ReleaseResponse
+	st, echoed, body = call(t, hc, "/v1/release", "c.5", agent.ReleaseRequest{Client: "py-1", RequestID: "r2"})
+	decode(st, echoed, "c.5", body, &released)
+	if released != (agent.ReleaseResponse{Released: 1, Client: "py-1", RequestID: "r2"}) {
+		t.Fatalf("%+v", released)
+	}
+
+	// Answers without a body, and errors, name their call too.
+	for _, tc := range []struct {
+		path   string
+		in     any
+		status int
+	}{
+		{"/v1/abandon", agent.AbandonRequest{Reservation: "nope"}, http.StatusNotFound},
+		{"/v1/lookup", agent.LookupRequest{KeyRef: agent.KeyRef{Key: "zz", Tenant: "acme"}, Client: "py-1", RequestID: "r"}, http.StatusBadRequest},
+		{"/v1/nothing", struct{}{}, http.StatusNotFound},
+		{"/healthz", nil, http.StatusOK},
+	} {
+		if st, echoed, body := call(t, hc, tc.path, "e.1", tc.in); st != tc.status || echoed != "e.1" {
+			t.Errorf("%s: status %d, call %q: %s", tc.path, st, echoed, body)
+		}
+	}
+	ctx := context.Background()
+	res, err := c.Lookup(ctx, keyOf(t, c, "image-echo-2"), "r4")
+	if err != nil || res.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if st, echoed, body := call(t, hc, "/v1/abandon", "e.2", agent.AbandonRequest{Reservation: res.Reservation}); st != http.StatusNoContent || echoed != "e.2" {
+		t.Fatalf("abandon: %d, call %q: %s", st, echoed, body)
+	}
+
+	// The Go client checks real answers' names, and takes them.
+	if r, err := c.Lookup(ctx, ref, "r3"); err != nil || r.Status != agent.StatusHit || r.RequestID != "r3" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if released, err := c.Release(ctx, "r3"); err != nil || released != 1 {
+		t.Fatalf("release: %d %v", released, err)
+	}
+}
+
+// TestClientRefusesMismatchedAnswers: the Go client takes no answer that
+// names another call, key, reservation or request (a fake agent forges
+// them): ErrMismatch, never a value.
+func TestClientRefusesMismatchedAnswers(t *testing.T) {
+	type forger func(w http.ResponseWriter, r *http.Request, call string)
+	var (
+		mu    sync.Mutex
+		forge forger // how the fake answers the next call
+	)
+	setForge := func(f forger) { mu.Lock(); forge = f; mu.Unlock() }
+	socket := filepath.Join(t.TempDir(), "fake.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		f := forge
+		mu.Unlock()
+		f(w, r, r.Header.Get(agent.CallHeader))
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	c := client(t, &node{socket: socket})
+	ctx := context.Background()
+	ref := agent.KeyRef{Key: string(bytes.Repeat([]byte("ab"), 32)), Tenant: "acme"}
+	answer := func(call string, v any) forger { // answers v, naming call ("": the call asked)
+		return func(w http.ResponseWriter, r *http.Request, echo string) {
+			if call != "" {
+				echo = call
+			}
+			w.Header().Set(agent.CallHeader, echo)
+			json.NewEncoder(w).Encode(v)
+		}
+	}
+	other := ref
+	other.Key = string(bytes.Repeat([]byte("cd"), 32))
+	good := agent.LookupResponse{Status: agent.StatusReserved, Reservation: "res-1", KeyRef: ref, Client: c.ID, RequestID: "r1"}
+
+	setForge(answer("", good))
+	if r, err := c.Lookup(ctx, ref, "r1"); err != nil || r.Reservation != "res-1" {
+		t.Fatalf("a matching answer: %+v %v", r, err)
+	}
+	for name, lookup := range map[string]forger{
+		"another key":     answer("", agent.LookupResponse{Status: agent.StatusReserved, Reservation: "res-1", KeyRef: other, Client: c.ID, RequestID: "r1"}),
+		"another request": answer("", agent.LookupResponse{Status: agent.StatusReserved, Reservation: "res-1", KeyRef: ref, Client: c.ID, RequestID: "r2"}),
+		"another client":  answer("", agent.LookupResponse{Status: agent.StatusReserved, Reservation: "res-1", KeyRef: ref, Client: "go-2", RequestID: "r1"}),
+		"another call":    answer("someone-else.1", good),
+	} {
+		setForge(lookup)
+		if r, err := c.Lookup(ctx, ref, "r1"); !errors.Is(err, agent.ErrMismatch) {
+			t.Errorf("%s: %+v %v", name, r, err)
+		}
+	}
+	setForge(answer("", agent.LookupResponse{Status: agent.StatusHit, Reservation: "res-2", KeyRef: ref, Client: c.ID, RequestID: "r1"}))
+	if _, err := c.Commit(ctx, "res-1", "r1", "uint8", []int64{1}, []byte{1}); !errors.Is(err, agent.ErrMismatch) {
+		t.Errorf("commit of another reservation: %v", err)
+	}
+	setForge(answer("", agent.ReleaseResponse{Released: 1, Client: c.ID, RequestID: "r2"}))
+	if _, err := c.Release(ctx, "r1"); !errors.Is(err, agent.ErrMismatch) {
+		t.Errorf("release of another request: %v", err)
+	}
+	setForge(answer("x.1", agent.KeyResponse{KeyRef: other, Mode: "raw-bytes"}))
+	if _, err := c.Key(ctx, agent.KeyRequest{Config: testConfig(), Mode: "raw-bytes", Data: []byte("x")}); !errors.Is(err, agent.ErrMismatch) {
+		t.Errorf("key answer to another call: %v", err)
 	}
 }

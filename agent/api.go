@@ -48,12 +48,25 @@ const (
 	StatusReserved = "reserved"
 )
 
-// LookupResponse is a hit (Value set) or a reservation.
+// CallHeader names one call: a client may send it with any request, and the
+// agent copies it into the answer (every answer: errors and 204s too). A
+// client that sends a new name per call can tell the answer to its call
+// from an answer to another's, which is how it notices a connection that
+// another process or thread also writes to (a socket inherited across
+// fork()): such an answer is refused, never taken as a value.
+const CallHeader = "Embcache-Call"
+
+// LookupResponse is a hit (Value set) or a reservation. It names what it
+// answers (the key as the agent understood it, the client and the request),
+// so that a client can check that the answer is the one to its question.
 type LookupResponse struct {
 	Status      string `json:"status"`
 	Path        string `json:"path,omitempty"` // how the agent got it: local-hit, remote-hit, waited, computed, ...
 	Value       *Hit   `json:"value,omitempty"`
-	Reservation string `json:"reservation,omitempty"`
+	Reservation string `json:"reservation,omitempty"` // granted (reserved) or, in a commit's answer, committed
+	KeyRef             // the key looked up or committed
+	Client      string `json:"client"`
+	RequestID   string `json:"request_id"`
 }
 
 // Hit says where a value lies in shm. The file holds the value's encoding
@@ -78,9 +91,10 @@ type SlotRequest struct {
 
 // SlotResponse is a file of Size bytes, writable by the caller.
 type SlotResponse struct {
-	Slot string `json:"slot"`
-	File string `json:"file"`
-	Size int64  `json:"size"`
+	Reservation string `json:"reservation"` // echoed: the reservation the slot belongs to
+	Slot        string `json:"slot"`
+	File        string `json:"file"`
+	Size        int64  `json:"size"`
 }
 
 // CommitRequest hands the agent a computed value: in a slot, or as bytes.
@@ -108,9 +122,11 @@ type ReleaseRequest struct {
 	RequestID string `json:"request_id"`
 }
 
-// ReleaseResponse says how many pins were dropped.
+// ReleaseResponse says how many pins were dropped, and for which request.
 type ReleaseResponse struct {
-	Released int `json:"released"`
+	Released  int    `json:"released"`
+	Client    string `json:"client"`
+	RequestID string `json:"request_id"`
 }
 
 // Stats is what GET /v1/stats answers.
@@ -145,4 +161,11 @@ func refOf(k KeyRef) (coordinator.Ref, error) {
 		return coordinator.Ref{}, err
 	}
 	return coordinator.Ref{Tenant: k.Tenant, Key: key, Model: k.Model, Epoch: k.WeightEpoch}, nil
+}
+
+// keyRefOf is ref as answers name it: the key the agent looked up, not the
+// bytes the client sent, so that the client's check covers the agent's
+// reading of its request too.
+func keyRefOf(ref coordinator.Ref) KeyRef {
+	return KeyRef{Key: ref.Key.String(), Tenant: ref.Tenant, Model: ref.Model, WeightEpoch: ref.Epoch}
 }

@@ -4,20 +4,31 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"sync/atomic"
 	"syscall"
 )
+
+// ErrMismatch is returned for an answer that names another call, key,
+// reservation, client or request than the one asked: it is never taken as
+// a value. net/http never lets two calls share a connection, so a Go
+// client should not see it; the check is what would catch an agent that
+// answers the wrong question.
+var ErrMismatch = errors.New("agent: the answer is not to this call")
 
 // Client calls an agent over its Unix socket. Its pins, reservations and
 // slots live as long as its connections: Close (or the process's exit)
 // gives them back.
 type Client struct {
-	ID   string // the client name pins are kept under
-	http *http.Client
-	tr   *http.Transport
+	ID    string // the client name pins are kept under
+	http  *http.Client
+	tr    *http.Transport
+	calls atomic.Uint64 // names each call (CallHeader) with ID
 }
 
 // Dial returns a client of the agent at socket. It does not connect yet.
@@ -60,11 +71,16 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	call := c.ID + "." + strconv.FormatUint(c.calls.Add(1), 10)
+	req.Header.Set(CallHeader, call)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
+	if got := resp.Header.Get(CallHeader); got != call { // an error answer to another call is no answer either
+		return fmt.Errorf("%w: %s %s answered as call %q", ErrMismatch, path, call, got)
+	}
 	if resp.StatusCode/100 != 2 {
 		var body Error
 		json.NewDecoder(resp.Body).Decode(&body)
@@ -86,14 +102,36 @@ func (c *Client) Key(ctx context.Context, req KeyRequest) (KeyResponse, error) {
 // computes the key.
 func (c *Client) Lookup(ctx context.Context, ref KeyRef, requestID string) (LookupResponse, error) {
 	var resp LookupResponse
-	return resp, c.call(ctx, "/v1/lookup", LookupRequest{KeyRef: ref, Client: c.ID, RequestID: requestID}, &resp)
+	if err := c.call(ctx, "/v1/lookup", LookupRequest{KeyRef: ref, Client: c.ID, RequestID: requestID}, &resp); err != nil {
+		return LookupResponse{}, err
+	}
+	if resp.KeyRef != ref {
+		return LookupResponse{}, fmt.Errorf("%w: looked up %s/%s, answered for %s/%s", ErrMismatch, ref.Tenant, ref.Key, resp.Tenant, resp.Key)
+	}
+	return resp, resp.checkRequest(c.ID, requestID)
 }
 
 // Commit hands the agent the computed tensor bytes of a reservation.
 func (c *Client) Commit(ctx context.Context, reservation, requestID, dtype string, shape []int64, data []byte) (LookupResponse, error) {
 	var resp LookupResponse
-	return resp, c.call(ctx, "/v1/commit", CommitRequest{Reservation: reservation, Client: c.ID, RequestID: requestID,
-		DType: dtype, Shape: shape, Data: data}, &resp)
+	if err := c.call(ctx, "/v1/commit", CommitRequest{Reservation: reservation, Client: c.ID, RequestID: requestID,
+		DType: dtype, Shape: shape, Data: data}, &resp); err != nil {
+		return LookupResponse{}, err
+	}
+	if resp.Reservation != reservation {
+		return LookupResponse{}, fmt.Errorf("%w: committed reservation %s, answered for %q", ErrMismatch, reservation, resp.Reservation)
+	}
+	return resp, resp.checkRequest(c.ID, requestID)
+}
+
+// checkRequest checks that an answer names the client and request it was
+// asked for.
+func (r *LookupResponse) checkRequest(client, requestID string) error {
+	if r.Client != client || r.RequestID != requestID {
+		return fmt.Errorf("%w: asked for request %q of client %q, answered for request %q of client %q",
+			ErrMismatch, requestID, client, r.RequestID, r.Client)
+	}
+	return nil
 }
 
 // Abandon gives a reservation up.
@@ -104,8 +142,14 @@ func (c *Client) Abandon(ctx context.Context, reservation, reason string) error 
 // Release unpins what requestID looked up.
 func (c *Client) Release(ctx context.Context, requestID string) (int, error) {
 	var resp ReleaseResponse
-	err := c.call(ctx, "/v1/release", ReleaseRequest{Client: c.ID, RequestID: requestID}, &resp)
-	return resp.Released, err
+	if err := c.call(ctx, "/v1/release", ReleaseRequest{Client: c.ID, RequestID: requestID}, &resp); err != nil {
+		return 0, err
+	}
+	if resp.Client != c.ID || resp.RequestID != requestID {
+		return 0, fmt.Errorf("%w: released request %q of client %q, answered for request %q of client %q",
+			ErrMismatch, requestID, c.ID, resp.RequestID, resp.Client)
+	}
+	return resp.Released, nil
 }
 
 // Stats returns the agent's counters.

@@ -124,7 +124,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 		}
 		io.WriteString(w, "ok\n")
 	})
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+	s.http = &http.Server{Handler: echoCall(mux), ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			sess := &session{s: s, reqs: map[string]struct{}{}, res: map[string]*reservation{}}
 			s.sessions.Store(c, sess)
@@ -176,6 +176,17 @@ func (s *Server) Stats() Stats {
 		Connections: int(s.connections.Load()), Reservations: open, Slots: slots,
 		Lookups: s.lookups.Load(), Hits: s.hits.Load(), Reserved: s.reserved.Load(), Commits: s.commits.Load(),
 		Abandons: s.abandons.Load(), Disconnects: s.disconnects.Load(), BadRequests: s.badRequests.Load()}}
+}
+
+// echoCall copies the request's CallHeader into the answer before any
+// handler writes it, so that every answer names the call it answers.
+func echoCall(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if call := r.Header.Get(CallHeader); call != "" {
+			w.Header().Set(CallHeader, call)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 type sessionKey struct{}
@@ -267,6 +278,7 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	resp.KeyRef, resp.Client, resp.RequestID = keyRefOf(ref), req.Client, req.RequestID
 	reply(w, resp)
 }
 
@@ -370,7 +382,7 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ErrUnknownReservation)
 		return
 	}
-	reply(w, SlotResponse{Slot: name, File: path, Size: req.Size})
+	reply(w, SlotResponse{Reservation: res.id, Slot: name, File: path, Size: req.Size})
 }
 
 func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
@@ -415,7 +427,8 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	reply(w, LookupResponse{Status: StatusHit, Path: "computed", Value: hit}) // by the client
+	reply(w, LookupResponse{Status: StatusHit, Path: "computed", Value: hit, // computed by the client
+		Reservation: res.id, KeyRef: keyRefOf(res.ref), Client: req.Client, RequestID: req.RequestID})
 }
 
 // valueOf builds the committed value from a slot (mapped, not copied) or
@@ -498,5 +511,5 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	pin := pinName(req.Client, req.RequestID)
 	sessionOf(r).unpinned(pin)
-	reply(w, ReleaseResponse{Released: s.cache.Release(pin)})
+	reply(w, ReleaseResponse{Released: s.cache.Release(pin), Client: req.Client, RequestID: req.RequestID})
 }

@@ -19,6 +19,7 @@ the cluster.
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
 from .client import (
     AgentUnavailable,
+    AnswerMismatch,
     APIError,
     EmbcacheError,
     Embedding,
@@ -29,6 +30,7 @@ from .client import (
 
 __all__ = [
     "AgentUnavailable",
+    "AnswerMismatch",
     "APIError",
     "EmbcacheError",
     "Embedding",

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import base64
+import collections
 import http.client
 import json
 import logging
-import collections
 import mmap
 import os
 import socket
 import threading
 import uuid
+import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
@@ -39,6 +40,17 @@ class APIError(EmbcacheError):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"agent: {status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
+
+
+class AnswerMismatch(EmbcacheError):
+    """An answer names another call, key, reservation, client or request
+    than the one asked. It is refused, never taken as a value (it would be
+    another input's embedding), and the connection it came on is closed: the
+    agent then releases that connection's pins and abandons its
+    reservations, and the next call opens a new one. It means that
+    something else writes to this connection, or that the agent answered
+    another question (or is older than these checks: its answers name no
+    call)."""
 
 
 class Tensor(NamedTuple):
@@ -139,12 +151,21 @@ class _Connection:
     """One HTTP/1.1 connection to the agent's Unix socket. Written by hand
     rather than with http.client, whose header parsing costs more than the
     rest of a hit: a call here is one send and, for the agent's small
-    answers, one recv, parsed with bytes methods."""
+    answers, one recv, parsed with bytes methods.
+
+    HTTP/1.1 has no request ids: the answer to a call is simply the next
+    answer on the socket. So a connection makes one call at a time (lock),
+    and names each call (the Embcache-Call header, which the agent echoes):
+    an answer naming another call means someone else uses the socket, and
+    is refused."""
 
     def __init__(self, path: str, timeout: Optional[float]):
         self.path, self.timeout = path, timeout
         self.sock = None
         self.buf = b""
+        self.lock = threading.Lock()  # held for a whole call: send, then read its answer
+        self.name = os.urandom(8).hex()  # random: unique among every process's connections
+        self.calls = 0
 
     def _connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,12 +198,26 @@ class _Connection:
         return line
 
     def request(self, method: str, path: str, body: Optional[bytes]) -> tuple:
-        """Sends one request; returns (status, body)."""
-        if self.sock is None:
-            self._connect()
-        body = body or b""
-        head = f"{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        self.sock.sendall(head.encode("ascii") + body)
+        """Makes one call; returns (status, body). Raises AnswerMismatch
+        (and closes the connection) if the answer is to another call."""
+        with self.lock:
+            if self.sock is None:
+                self._connect()
+            self.calls += 1
+            call = f"{self.name}.{self.calls}"
+            body = body or b""
+            head = (f"{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+                    f"Embcache-Call: {call}\r\nContent-Length: {len(body)}\r\n\r\n")
+            self.sock.sendall(head.encode("ascii") + body)
+            status, echoed, data = self._read_answer()
+            if echoed != call.encode("ascii"):
+                self.close()  # the stream is not ours alone: nothing more read from it can be trusted
+                raise AnswerMismatch(f"agent at {self.path}: {method} {path} was call {call}, the answer is to "
+                                     f"call {echoed.decode(errors='replace') or '(none named)'}")
+            return status, data
+
+    def _read_answer(self) -> tuple:
+        """Reads one answer: (status, the call it names, body)."""
         while b"\r\n\r\n" not in self.buf:
             if len(self.buf) > 1 << 20:
                 raise http.client.HTTPException("response headers too long")
@@ -193,7 +228,7 @@ class _Connection:
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
             raise http.client.BadStatusLine(repr(lines[0]))
         status = int(parts[1])
-        length, chunked, close = None, False, False
+        length, chunked, close, echoed = None, False, False, b""
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
@@ -203,17 +238,10 @@ class _Connection:
                 chunked = b"chunked" in value.lower()
             elif name == b"connection":
                 close = b"close" in value.lower()
+            elif name == b"embcache-call":
+                echoed = value.strip()
         if chunked:
-            out = []
-            while True:
-                size = int(self._line().split(b";")[0], 16)
-                if size == 0:
-                    while self._line():
-                        pass  # trailers
-                    break
-                out.append(self._take(size))
-                self._take(2)
-            data = b"".join(out)
+            data = self._read_chunked()
         elif length is not None:
             data = self._take(length)
         elif status in (204, 304) or 100 <= status < 200:
@@ -227,9 +255,26 @@ class _Connection:
             data, self.buf, close = self.buf, b"", True
         if close:
             self.close()
-        return status, data
+        return status, echoed, data
+
+    def _read_chunked(self) -> bytes:
+        out = []
+        while True:
+            size = int(self._line().split(b";")[0], 16)
+            if size == 0:
+                while self._line():
+                    pass  # trailers
+                return b"".join(out)
+            out.append(self._take(size))
+            self._take(2)
 
     def close(self) -> None:
+        """Closes this process's descriptor of the socket. Not a shutdown():
+        in a forked child, whose descriptor is a copy of its parent's, the
+        parent's connection stays up (the agent sees a connection end when
+        its last descriptor closes). Takes no lock: it may be called while
+        another thread waits for an answer, or in a child where the lock
+        was held at fork() by a thread the child does not have."""
         if self.sock is not None:
             self.sock.close()
         self.sock, self.buf = None, b""
@@ -246,6 +291,12 @@ class _Mappings:
         self.max_bytes = max_bytes
         self._lru = collections.OrderedDict()  # file -> (mmap, checksum)
         self._bytes = 0
+        self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        """In a forked child: the mappings stay valid (a child inherits its
+        parent's mappings), but a thread of the parent may have held the
+        lock at fork(), and no thread of the child would ever release it."""
         self._lock = threading.Lock()
 
     def get(self, file: str, checksum: str, need: int):
@@ -278,10 +329,108 @@ class _Mappings:
 Value = Union["Tensor", Any]  # a numpy array, a torch tensor, or a Tensor
 
 
+class _ProcessState:
+    """What a client holds in one process: the identity the agent keeps its
+    pins under, one connection per thread, and the lock of that list.
+
+    It belongs to the process that made it (pid). A forked child inherits a
+    copy, which it must not use: the sockets are its parent's, so the two
+    processes' calls would interleave on them and each would read answers
+    to the other's calls; and under the parent's identity, either one's
+    cleanup_request (or exit) would drop the other's pins. Nor may the
+    child take its locks: one held at fork() by another thread of the
+    parent stays held in the child forever."""
+
+    def __init__(self, client_id: str):
+        self.pid = os.getpid()
+        self.client_id = client_id
+        self.local = threading.local()  # .conn: this thread's connection
+        self.conns: list = []  # every thread's, for close()
+        self.lock = threading.Lock()
+
+    def conn(self, path: str, timeout: Optional[float]) -> _Connection:
+        """This thread's connection: a thread's calls never wait behind
+        another thread's (a lookup may wait minutes for a compute)."""
+        c = getattr(self.local, "conn", None)
+        if c is None:
+            c = _Connection(path, timeout)
+            self.local.conn = c
+            with self.lock:
+                self.conns.append(c)
+        return c
+
+    def drop_conn(self) -> None:
+        """Closes this thread's connection; its next call opens another."""
+        c = getattr(self.local, "conn", None)
+        if c is None:
+            return
+        self.local.conn = None
+        with self.lock:
+            if c in self.conns:
+                self.conns.remove(c)
+        c.close()
+
+    def close(self) -> None:
+        """Closes every thread's connection."""
+        with self.lock:
+            conns, self.conns = self.conns, []
+            self.local = threading.local()
+        for c in conns:
+            c.close()
+
+    def disown(self) -> None:
+        """In a forked child, for an inherited state: closes the child's
+        copies of the parent's sockets (so that the agent sees the parent's
+        connections end when the parent closes them, not when the last
+        child exits), taking no lock and touching nothing the parent uses."""
+        for c in list(self.conns):
+            c.close()
+
+
+# Every live client, so that a forked child can disown their inherited
+# connections before it runs anything else (os.register_at_fork below).
+_clients: "weakref.WeakSet[EmbeddingCache]" = weakref.WeakSet()
+# Serializes giving clients a state in a new process (_enter_process).
+_enter_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _enter_lock
+    _enter_lock = threading.Lock()  # a thread of the parent may have held it at fork()
+    for client in list(_clients):
+        client._enter_process()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# Answer fields Go leaves out when zero (omitempty).
+_OMITTED_WHEN_ZERO = {"model": "", "weight_epoch": 0}
+
+
+def _key_names(key: EmbeddingCacheKey) -> dict:
+    """How an answer names key."""
+    return {"key": key.key, "tenant": key.tenant, "model": key.model, "weight_epoch": key.weight_epoch}
+
+
+def _check_names(call: str, answer: dict, want: dict) -> None:
+    """Raises AnswerMismatch unless answer names what want does."""
+    for name, value in want.items():
+        got = answer.get(name, _OMITTED_WHEN_ZERO.get(name))
+        if got != value:
+            raise AnswerMismatch(f"{call}: asked for {name} {value!r}, the answer is for {got!r}")
+
+
 class EmbeddingCache:
-    """The node agent's client. Thread-safe: each thread keeps its own
-    connection, and what a connection holds (pins, reservations) is given
-    back by the agent when it closes, so a killed process leaks nothing.
+    """The node agent's client. Safe to use from threads and across fork():
+    each thread of each process has its own connection to the agent, and
+    each process its own identity (client_id); a forked child, or a copy
+    made by pickling (multiprocessing's spawn and forkserver), opens
+    connections of its own on its first call. What a connection holds (pins,
+    reservations) is given back by the agent when it closes, so a killed
+    process leaks nothing. Every answer is checked to name the call, key and
+    request it answers (AnswerMismatch otherwise).
 
     With enabled=False the client is a pass-through: get_or_compute calls
     compute_fn every time and the agent is never contacted. When the agent
@@ -300,12 +449,28 @@ class EmbeddingCache:
         self.socket_path = socket_path
         self.strict = store_unavailable_mode == "strict"
         self.timeout = timeout
-        self.client_id = client_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._local = threading.local()
-        self._conns = []
-        self._lock = threading.Lock()
         self.degraded = 0  # computes done without the agent
-        self._mappings = _Mappings(mapping_cache_bytes)
+        self._client_base = client_id  # as given: the identity in the process that made the client
+        self._origin_pid = os.getpid()
+        self._mapping_cache_bytes = mapping_cache_bytes
+        self._setup()
+
+    def _setup(self) -> None:
+        """What a client has in the process it is in (not pickled)."""
+        self._mappings = _Mappings(self._mapping_cache_bytes)
+        self._state = _ProcessState(self._identity())
+        _clients.add(self)
+
+    def __getstate__(self) -> dict:
+        # Only the settings cross to another process: the copy connects on
+        # its own, under an identity of its own (see _identity).
+        return {"enabled": self.enabled, "socket_path": self.socket_path, "strict": self.strict,
+                "timeout": self.timeout, "degraded": 0, "_client_base": self._client_base,
+                "_origin_pid": self._origin_pid, "_mapping_cache_bytes": self._mapping_cache_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
 
     @classmethod
     def from_stage_config(cls, stage: Optional[dict]) -> "EmbeddingCache":
@@ -314,57 +479,96 @@ class EmbeddingCache:
         return cls(c.agent_socket, enabled=c.enable_embedding_cache, store_unavailable_mode=c.store_unavailable_mode,
                    timeout=c.request_timeout_s)
 
-    # -- transport ---------------------------------------------------------
+    # -- processes and connections -----------------------------------------
 
-    def _conn(self) -> _Connection:
-        c = getattr(self._local, "conn", None)
-        if c is None:
-            c = _Connection(self.socket_path, self.timeout)
-            self._local.conn = c
-            with self._lock:
-                self._conns.append(c)
-        return c
+    @property
+    def client_id(self) -> str:
+        """The name the agent keeps this process's pins under."""
+        return self._process().client_id
 
-    def _drop_conn(self) -> None:
-        c = getattr(self._local, "conn", None)
-        if c is not None:
-            c.close()
-            self._local.conn = None
+    def _identity(self) -> str:
+        """A name for this process's pins. No two processes may share one:
+        the agent keeps pins by client and request id, and a request id is
+        the same in every stage of a vLLM request. A client_id given to the
+        constructor names the process that made the client; any other
+        process gets it (or "py") with its pid and a random suffix (pids
+        repeat across containers sharing a node's agent)."""
+        pid = os.getpid()
+        if self._client_base is not None and pid == self._origin_pid:
+            return self._client_base
+        return f"{self._client_base or 'py'}-{pid}-{uuid.uuid4().hex[:8]}"
 
-    def _call(self, method: str, path: str, body: Optional[dict] = None, retry: bool = False) -> Optional[dict]:
+    def _process(self) -> _ProcessState:
+        """This process's state; a new one if the pid changed. The at-fork
+        hook has normally made it already; the pid check also covers a
+        fork() that ran no hook (a C extension calling fork directly)."""
+        state = self._state
+        if state.pid != os.getpid():
+            state = self._enter_process()
+        return state
+
+    def _enter_process(self) -> _ProcessState:
+        """Gives the client a state of its own in this (forked) process, and
+        disowns the inherited one."""
+        with _enter_lock:
+            inherited = self._state
+            if inherited.pid == os.getpid():
+                return inherited  # another thread got here first
+            self._mappings.after_fork()
+            self._state = _ProcessState(self._identity())
+        inherited.disown()
+        return self._state
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None, retry: bool = False,
+              answers: Optional[dict] = None) -> Optional[dict]:
+        """Makes a call on this thread's connection. answers: the names (key,
+        reservation, client, request_id) the answer must carry."""
         if not self.enabled:
             raise EmbcacheError("the embedding cache is disabled")
         payload = json.dumps(body).encode() if body is not None else None
+        state = self._process()
         for attempt in (0, 1):
-            conn = self._conn()
+            conn = state.conn(self.socket_path, self.timeout)
             try:
                 status, data = conn.request(method, path, payload)
+            except AnswerMismatch:
+                state.drop_conn()
+                raise
             except (OSError, ValueError, http.client.HTTPException) as e:
-                self._drop_conn()
+                state.drop_conn()
                 # A reconnect is a new session on the agent: only calls that
                 # hold nothing (keys, lookups, stats) are tried again.
                 if retry and attempt == 0 and not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
                     continue
                 raise AgentUnavailable(f"agent at {self.socket_path}: {e}") from e
             if status // 100 != 2:
+                raise self._error(status, data)
+            answer = json.loads(data) if data else None
+            if answers:
                 try:
-                    err = json.loads(data)
-                except ValueError:
-                    err = {"code": "internal", "error": data.decode(errors="replace")}
-                if status == 503 and self.strict:
-                    raise AgentUnavailable(err.get("error", ""))
-                raise APIError(status, err.get("code", ""), err.get("error", ""))
-            return json.loads(data) if data else None
+                    _check_names(f"{method} {path}", answer or {}, answers)
+                except AnswerMismatch:
+                    # The connection may hold what the answer was really
+                    # for (a reservation nobody will commit): closing it
+                    # makes the agent give that back.
+                    state.drop_conn()
+                    raise
+            return answer
         raise AssertionError("unreachable")
 
+    def _error(self, status: int, data: bytes) -> EmbcacheError:
+        try:
+            err = json.loads(data)
+        except ValueError:
+            err = {"code": "internal", "error": data.decode(errors="replace")}
+        if status == 503 and self.strict:
+            return AgentUnavailable(err.get("error", ""))
+        return APIError(status, err.get("code", ""), err.get("error", ""))
+
     def close(self) -> None:
-        """Closes every connection: the agent releases their pins and
-        abandons their reservations."""
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            c.close()
-        self._local = threading.local()
+        """Closes every connection of this process: the agent releases
+        their pins and abandons their reservations."""
+        self._process().close()
 
     def __enter__(self):
         return self
@@ -400,7 +604,9 @@ class EmbeddingCache:
     def reserve(self, key: EmbeddingCacheKey, request_id: str) -> Union[Embedding, Reservation]:
         """Looks key up: a hit (an Embedding), or a Reservation when this
         process must compute. Waits while another process computes it."""
-        r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=self.client_id, request_id=request_id), retry=True)
+        client = self.client_id
+        r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id), retry=True,
+                       answers=dict(_key_names(key), client=client, request_id=request_id))
         if r["status"] == "hit":
             return Embedding(key, r["value"], r.get("path", ""), self._mappings)
         return Reservation(self, key, r["reservation"], request_id)
@@ -413,14 +619,19 @@ class EmbeddingCache:
         cluster; returns it as a hit. The value is written once into a slot
         file in shared memory (never through the socket)."""
         data, dtype, shape = _tensor_parts(value, dtype, shape)
+        client = self.client_id
         mv = memoryview(data).cast("B")
         try:
-            slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes})
+            # A slot of another reservation would be another key's value.
+            slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
+                              answers={"reservation": reservation.id})
             with open(slot["file"], "r+b", buffering=0) as f:
                 f.write(mv)
-            r = self._call("POST", "/v1/commit", {"reservation": reservation.id, "client": self.client_id,
+            r = self._call("POST", "/v1/commit", {"reservation": reservation.id, "client": client,
                                                   "request_id": reservation.request_id, "dtype": dtype,
-                                                  "shape": list(shape), "slot": slot["slot"]})
+                                                  "shape": list(shape), "slot": slot["slot"]},
+                           answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
+                                        request_id=reservation.request_id))
         finally:
             mv.release()
         reservation.done = True
@@ -472,7 +683,10 @@ class EmbeddingCache:
         """Ends a request: unpins every value it looked up."""
         if not self.enabled:
             return 0
-        return self._call("POST", "/v1/release", {"client": self.client_id, "request_id": request_id})["released"]
+        client = self.client_id
+        r = self._call("POST", "/v1/release", {"client": client, "request_id": request_id},
+                       answers={"client": client, "request_id": request_id})
+        return r["released"]
 
     def stats(self) -> dict:
         """The agent's and its cache's counters."""

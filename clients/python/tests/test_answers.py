@@ -1,0 +1,241 @@
+"""The client's check of answers, against a fake agent on a Unix socket
+that answers with another call's, key's, request's or reservation's answer:
+each is refused with AnswerMismatch, never taken as a value. And what a
+forked child does with an inherited client before its first call. No NATS
+here: these test the client's side of the wire."""
+
+import json
+import os
+import shutil
+import socketserver
+import tempfile
+import threading
+import unittest
+
+from embcache import AnswerMismatch, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation, Tensor
+
+from .test_fork import fork_call, join_child
+
+KEY = EmbeddingCacheKey(key="ab" * 32, tenant="acme", model="m", weight_epoch=3)
+OTHER_KEY = "cd" * 32
+
+
+class FakeAgent:
+    """A Unix-socket HTTP/1.1 server answering each call with
+    answer(path, body) -> (status, body dict or None, call header or None);
+    the call header defaults to an echo of the request's, as the agent's."""
+
+    def __init__(self, answer):
+        self.dir = tempfile.mkdtemp(prefix="embcache-fake-")
+        self.path = os.path.join(self.dir, "agent.sock")
+        self.answer = answer
+        self.connections = 0
+        self.calls = []  # (path, body)
+        fake = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                fake.connections += 1
+                while self.serve_one():
+                    pass
+
+            def serve_one(self) -> bool:
+                line = self.rfile.readline()
+                if not line:
+                    return False  # the client closed the connection
+                path = line.split()[1].decode()
+                headers = {}
+                while True:
+                    h = self.rfile.readline().strip()
+                    if not h:
+                        break
+                    name, _, value = h.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                raw = self.rfile.read(int(headers.get("content-length", 0)))
+                body = json.loads(raw) if raw else None
+                fake.calls.append((path, body))
+                status, answer, call = fake.answer(path, body)
+                call = headers.get("embcache-call") if call is None else call
+                data = json.dumps(answer).encode() if answer is not None else b""
+                head = f"HTTP/1.1 {status} X\r\nContent-Length: {len(data)}\r\n"
+                if call:
+                    head += f"Embcache-Call: {call}\r\n"
+                self.wfile.write(head.encode() + b"\r\n" + data)
+                return True
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+            block_on_close = False
+
+        self.server = Server(self.path, Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def lookup_answer(body, **over):
+    """The agent's reserved answer to a lookup body, with over changed."""
+    answer = {"status": "reserved", "reservation": "res-1", "key": body["key"], "tenant": body["tenant"],
+              "model": body["model"], "weight_epoch": body["weight_epoch"], "client": body["client"],
+              "request_id": body["request_id"]}
+    answer.update(over)
+    return answer
+
+
+class AnswerCheckTest(unittest.TestCase):
+    def agent(self, answer) -> FakeAgent:
+        fake = FakeAgent(answer)
+        self.addCleanup(fake.close)
+        return fake
+
+    def client(self, fake, **kw) -> EmbeddingCache:
+        cache = EmbeddingCache(fake.path, timeout=10, **kw)
+        self.addCleanup(cache.close)
+        return cache
+
+    def test_matching_answer_is_taken(self):
+        fake = self.agent(lambda path, body: (200, lookup_answer(body), None))
+        got = self.client(fake).reserve(KEY, "r1")
+        self.assertIsInstance(got, Reservation)
+        self.assertEqual(got.id, "res-1")
+
+    def test_lookup_answered_for_another_key(self):
+        for name, value in [("key", OTHER_KEY), ("tenant", "other"), ("model", "m2"), ("weight_epoch", 4)]:
+            with self.subTest(name):
+                fake = self.agent(lambda path, body: (200, lookup_answer(body, **{name: value}), None))
+                cache = self.client(fake)
+                with self.assertRaises(AnswerMismatch) as e:
+                    cache.reserve(KEY, "r1")
+                self.assertIn(name, str(e.exception))
+                # The connection the answer came on was closed (the agent
+                # gives back what it held): the next call opens another.
+                with self.assertRaises(AnswerMismatch):
+                    cache.reserve(KEY, "r1")
+                self.assertEqual(fake.connections, 2)
+
+    def test_hit_for_another_key_is_not_mapped(self):
+        # A hit naming another key is refused before its file is touched.
+        fake = self.agent(lambda path, body: (200, lookup_answer(body, status="hit", key=OTHER_KEY, value={
+            "file": "/nonexistent", "offset": 0, "length": 4, "kind": "tensor", "dtype": "uint8", "shape": [4],
+            "checksum": "00"}), None))
+        with self.assertRaises(AnswerMismatch):
+            self.client(fake).reserve(KEY, "r1")
+
+    def test_lookup_answered_for_another_request_or_client(self):
+        for over in ({"request_id": "r2"}, {"client": "py-1-other"}, {"request_id": None}):
+            with self.subTest(over):
+                fake = self.agent(lambda path, body: (200, lookup_answer(body, **over), None))
+                with self.assertRaises(AnswerMismatch):
+                    self.client(fake).reserve(KEY, "r1")
+
+    def test_answer_to_another_call(self):
+        # A key answer names no key the client knows beforehand: only the
+        # call it answers tells it from another input's key.
+        answer = {"key": OTHER_KEY, "tenant": "acme", "mode": "raw-bytes"}
+        for call in ("0123456789abcdef.1", ""):  # another connection's call; none (an agent older than the echo)
+            with self.subTest(call=call):
+                fake = self.agent(lambda path, body: (200, answer, call))
+                cfg = EncoderPreprocessingConfig(model_id="m", model_revision="r", encoder_config_hash="h",
+                                                 processor_version="p", modality="image", tenant="acme")
+                with self.assertRaises(AnswerMismatch):
+                    self.client(fake).key_from_raw_bytes(cfg, b"jpeg")
+
+    def test_error_answer_to_another_call(self):
+        fake = self.agent(lambda path, body: (404, {"error": "unknown reservation", "code": "not_found"}, "x.1"))
+        with self.assertRaises(AnswerMismatch):
+            self.client(fake).abandon(Reservation(None, KEY, "res-1", "r1"))
+
+    def test_slot_of_another_reservation_is_not_written(self):
+        slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")
+        self.addCleanup(shutil.rmtree, os.path.dirname(slot_file))
+        open(slot_file, "wb").close()
+
+        fake = self.agent(lambda path, body: (200, {"reservation": "res-2", "slot": "s", "file": slot_file,
+                                                    "size": body["size"]}, None))
+        with self.assertRaises(AnswerMismatch):
+            self.client(fake).commit(Reservation(None, KEY, "res-1", "r1"), Tensor(b"abcd", "uint8", (4,)))
+        self.assertEqual(os.path.getsize(slot_file), 0)
+        self.assertNotIn("/v1/commit", [p for p, _ in fake.calls])
+
+    def test_commit_answered_for_another_reservation(self):
+        slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")
+        self.addCleanup(shutil.rmtree, os.path.dirname(slot_file))
+        open(slot_file, "wb").close()
+
+        def answer(path, body):
+            if path == "/v1/slot":
+                return 200, {"reservation": body["reservation"], "slot": "s", "file": slot_file, "size": body["size"]}, None
+            return 200, {"status": "hit", "reservation": "res-2", "key": KEY.key, "tenant": KEY.tenant, "model": KEY.model,
+                         "weight_epoch": KEY.weight_epoch, "client": body["client"], "request_id": body["request_id"]}, None
+
+        with self.assertRaises(AnswerMismatch):
+            self.client(self.agent(answer)).commit(Reservation(None, KEY, "res-1", "r1"), Tensor(b"abcd", "uint8", (4,)))
+
+    def test_release_answered_for_another_request(self):
+        fake = self.agent(lambda path, body: (200, {"released": 3, "client": body["client"], "request_id": "r2"}, None))
+        with self.assertRaises(AnswerMismatch):
+            self.client(fake).cleanup_request("r1")
+
+    def test_mismatch_is_raised_not_degraded(self):
+        # Even in degrade mode a mismatch is an error: the agent is there,
+        # and it answered something else.
+        fake = self.agent(lambda path, body: (200, lookup_answer(body, key=OTHER_KEY), None))
+        computed = []
+        with self.assertRaises(AnswerMismatch):
+            self.client(fake).get_or_compute(KEY, lambda: computed.append(1), "r1")
+        self.assertEqual(computed, [])
+
+
+class IdentityTest(unittest.TestCase):
+    def test_forked_child_disowns_the_parent_connection(self):
+        fake = FakeAgent(lambda path, body: (200, {"released": 0, "client": body["client"],
+                                                   "request_id": body["request_id"]}, None))
+        self.addCleanup(fake.close)
+        cache = EmbeddingCache(fake.path, timeout=10, client_id="encoder")
+        self.addCleanup(cache.close)
+        cache.cleanup_request("r1")
+        inherited = cache._state.local.conn.sock.fileno()
+
+        def child():
+            # Before any call: the at-fork hook has closed the child's copy
+            # of the parent's socket, and given the child its own identity.
+            try:
+                os.fstat(inherited)
+                still_open = True
+            except OSError:
+                still_open = False
+            before = cache.client_id
+            cache.cleanup_request("r1")
+            return {"inherited_open": still_open, "client": before, "after": cache.client_id}
+
+        got = join_child(*fork_call(child))
+        self.assertFalse(got["inherited_open"])
+        self.assertTrue(got["client"].startswith("encoder-"), got)
+        self.assertNotEqual(got["client"], "encoder")
+        self.assertEqual(got["after"], got["client"])
+        # The parent keeps its name and its connection: no new one was opened for it.
+        self.assertEqual(cache.client_id, "encoder")
+        cache.cleanup_request("r2")
+        self.assertEqual(fake.connections, 2)  # the parent's, then the child's
+        self.assertEqual([b["client"] for _, b in fake.calls], ["encoder", got["client"], "encoder"])
+
+    def test_pickled_copy_has_its_own_identity(self):
+        import pickle
+
+        cache = EmbeddingCache("/nonexistent.sock", store_unavailable_mode="strict", timeout=7, client_id="stage")
+        copy = pickle.loads(pickle.dumps(cache))
+        # In this process a copy keeps the name it was given; settings travel.
+        self.assertEqual((copy.client_id, copy.strict, copy.timeout), ("stage", True, 7))
+
+        def child():
+            return pickle.loads(pickle.dumps(cache)).client_id
+
+        self.assertTrue(join_child(*fork_call(child)).startswith("stage-"))
+
+
+if __name__ == "__main__":
+    unittest.main()
