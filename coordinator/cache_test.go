@@ -177,8 +177,10 @@ func TestZombieCommitIsRefused(t *testing.T) {
 func TestHeartbeatsKeepLeaseAlive(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
-	a := newCache(t, srv.ClientURL(), store)
-	b := newCache(t, srv.ClientURL(), store, WithComputeTimeout(1500*time.Millisecond))
+	// A 2s lease: a renewal may come a TTL/3 late on a loaded machine
+	// (-race, 2 cores) and still land before the deadline.
+	a := newCache(t, srv.ClientURL(), store, WithLeaseTTL(2*time.Second))
+	b := newCache(t, srv.ClientURL(), store, WithLeaseTTL(2*time.Second), WithComputeTimeout(3*time.Second))
 	ctx := context.Background()
 	lease, err := a.Reserve(ctx, ref(8))
 	if err != nil {

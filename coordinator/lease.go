@@ -98,10 +98,12 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// heartbeat renews the lease every third of its TTL, and sooner after a
-// renewal whose outcome is unknown (a timeout during a leader election).
+// heartbeat renews the lease a third of its TTL after the last renewal
+// was sent (not answered: a slow answer must not eat into the next
+// renewal's time), and sooner after a renewal whose outcome is unknown (a
+// timeout during a leader election).
 func (l *Lease) heartbeat() {
-	next := l.ttl / 3
+	next := l.untilRenewal()
 	for {
 		t := time.NewTimer(next)
 		select {
@@ -130,7 +132,7 @@ func (l *Lease) beat(ctx context.Context) (time.Duration, bool) {
 	l.writeMu.Unlock()
 	switch {
 	case err == nil:
-		return l.ttl / 3, true
+		return l.untilRenewal(), true
 	case errors.Is(err, ErrLeaseLost):
 		if l.lose(err) {
 			l.c.stats.leasesLost.Add(1)
@@ -138,6 +140,14 @@ func (l *Lease) beat(ctx context.Context) (time.Duration, bool) {
 		return 0, false
 	}
 	return l.ttl / 10, true
+}
+
+// untilRenewal is the time left until a third of the TTL has passed since
+// the current revision's write was sent, and at least a twentieth of it.
+func (l *Lease) untilRenewal() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(l.ttl/20, l.sent.Add(l.ttl/3).Sub(l.clock.Now()))
 }
 
 // renewLocked writes the computing record again with a fresh TTL.
