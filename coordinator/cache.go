@@ -302,6 +302,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			c.stats.badRecords.Add(1)
 			if c.purgeUnreadable(ctx, ls, key, cur, err) {
 				unsubscribe()
+				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
+					return nil, PathWaited, err
+				}
 				continue
 			}
 			c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
@@ -312,6 +315,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		}
 		if cur.live && cur.record.State == StateComputing && c.purgeStale(ctx, ls, key, cur) {
 			unsubscribe()
+			if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
+				return nil, PathWaited, err
+			}
 			continue
 		}
 		switch {
@@ -321,7 +327,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			if errors.Is(err, ErrHeld) || errors.Is(err, errLateReserve) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
-				if err := sleepCtx(ctx, min(c.s.pollInterval, time.Duration(attempt)*5*time.Millisecond)); err != nil {
+				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 					return nil, PathWaited, err
 				}
 				continue
@@ -390,6 +396,13 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	}
 }
 
+// backOff waits before the attempt-th read of a key that keeps moving (a
+// read that lags, a follower's direct get, could make the loop spin): 5 ms
+// more each attempt, at most the poll interval.
+func backOff(ctx context.Context, poll time.Duration, attempt int) error {
+	return sleepCtx(ctx, min(poll, time.Duration(attempt)*5*time.Millisecond))
+}
+
 // sleepCtx waits d or until ctx ends.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
@@ -430,11 +443,12 @@ func (c *Cache) purgeStale(ctx context.Context, ls *leaseStore, key string, cur 
 }
 
 // purgeUnreadable removes a record that does not decode once it is older
-// than a lease TTL (by the server's time stamp), so that its key is shared
-// again; a younger one may be a writer's of a newer version mid-upgrade, and
-// is left alone meanwhile. Reports whether the key should be read again.
+// than a lease TTL and its own TTL (by the server's time stamp), so that
+// its key is shared again; a younger one may be a newer version's record
+// mid-upgrade, and is left alone meanwhile. Reports whether the key should
+// be read again.
 func (c *Cache) purgeUnreadable(ctx context.Context, ls *leaseStore, key string, cur current, cause error) bool {
-	if cur.rev == 0 || cur.stamp.IsZero() || c.s.clock.Now().Sub(cur.stamp) <= c.s.leaseTTL {
+	if cur.rev == 0 || cur.stamp.IsZero() || c.s.clock.Now().Sub(cur.stamp) <= max(c.s.leaseTTL, cur.ttl) {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)

@@ -51,6 +51,10 @@ type Lease struct {
 	beatsDone chan struct{}
 }
 
+// errCommitted ends a lease's renewals: its commit landed (found by a
+// settle after the commit call had returned).
+var errCommitted = errors.New("coordinator: the lease's commit landed")
+
 // errRaced is a write refused because an earlier write of the same lease,
 // whose acknowledgement was lost, had landed: write again.
 var errRaced = errors.New("coordinator: an earlier write of this lease moved its revision")
@@ -133,6 +137,9 @@ func (l *Lease) beat(ctx context.Context) (time.Duration, bool) {
 	switch {
 	case err == nil:
 		return l.untilRenewal(), true
+	case errors.Is(err, errCommitted):
+		l.finish()
+		return 0, false
 	case errors.Is(err, ErrLeaseLost):
 		if l.lose(err) {
 			l.c.stats.leasesLost.Add(1)
@@ -153,6 +160,9 @@ func (l *Lease) untilRenewal() time.Duration {
 // renewLocked writes the computing record again with a fresh TTL.
 func (l *Lease) renewLocked(ctx context.Context) error {
 	rec := l.record()
+	if rec.State == StateCommitted {
+		return errCommitted // a commit whose answer was lost landed: nothing to renew
+	}
 	rec.Heartbeat = l.clock.Now()
 	_, err := l.writeLocked(ctx, rec, l.ttl)
 	return err
@@ -165,8 +175,12 @@ func (l *Lease) renewLocked(ctx context.Context) error {
 // the next one first finds out whether it landed.
 func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) (uint64, error) {
 	if len(l.pending) > 0 {
+		before := l.Revision()
 		if err := l.settleLocked(ctx); err != nil {
 			return 0, err
+		}
+		if l.Revision() != before {
+			return 0, errRaced // rec was made for the old revision: the caller looks again
 		}
 	}
 	rev, deadline := l.position()
@@ -209,6 +223,9 @@ func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) 
 	case errors.Is(err, ErrLeaseLost):
 		l.pending = nil
 		return 0, err
+	case isRefusal(err):
+		l.pending = l.pending[:len(l.pending)-1] // the server answered: nothing was stored
+		return 0, err
 	}
 	return 0, err
 }
@@ -245,6 +262,11 @@ func (l *Lease) settleLocked(ctx context.Context) error {
 		l.pending = nil
 		l.c.stats.lateWrites.Add(1)
 		return fmt.Errorf("%w: %s: our write at revision %d was seen only after the deadline", ErrLeaseLost, l.key, cur.rev)
+	case l.ls.direct:
+		// A follower may have applied the write before the leader, whose
+		// TTL sweep can still wipe it: only the leader's answer proves it.
+		l.pending = nil
+		return fmt.Errorf("%w: %s: our write at revision %d was seen by a direct read, which does not prove it", ErrLeaseLost, l.key, cur.rev)
 	}
 	for _, a := range l.pending {
 		if a.heartbeat.Equal(cur.record.Heartbeat) {
@@ -293,9 +315,19 @@ func (l *Lease) lose(err error) bool {
 	return true
 }
 
+// finish ends the lease without an error.
+func (l *Lease) finish() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.endLocked()
+}
+
 // endLocked ends the lease and tells its heartbeats to stop (without
 // waiting: the heartbeat goroutine may be waiting for writeMu).
 func (l *Lease) endLocked() {
+	if l.ended {
+		return
+	}
 	l.ended = true
 	close(l.done)
 	l.stopOnce.Do(func() { close(l.stopBeats) })
@@ -354,13 +386,15 @@ func (l *Lease) refused(err error, count bool) {
 // a third of its TTL, so a slow commit keeps the lease rather than racing
 // its deadline. It ends by the deadline at the latest.
 func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *payload.Value) (uint64, error) {
+	giveUp := time.Now().Add(commitRetryFor)
 	for {
 		err := l.check()
 		if err == nil && len(l.pending) > 0 {
 			// The last attempt's answer was lost: it may have landed.
-			if err = l.settleLocked(ctx); err == nil && l.record().State == StateCommitted {
-				return l.Revision(), nil
-			}
+			err = l.settleLocked(ctx)
+		}
+		if err == nil && l.record().State == StateCommitted {
+			return l.Revision(), nil // an earlier attempt landed, proven in time
 		}
 		if err == nil {
 			l.mu.Lock()
@@ -377,14 +411,23 @@ func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *paylo
 				return rev, nil
 			}
 		}
-		if errors.Is(err, ErrLeaseLost) || ctx.Err() != nil {
+		switch {
+		case errors.Is(err, ErrLeaseLost) || ctx.Err() != nil || isRefusal(err):
 			return 0, err
+		case errors.Is(err, errRaced):
+			continue // settled: the loop's top sees what landed
+		case time.Now().After(giveUp):
+			return 0, fmt.Errorf("coordinator: committing %v: gave up after %v: %w", l.ref, commitRetryFor, err)
 		}
 		if err := sleepCtx(ctx, l.ttl/10); err != nil {
 			return 0, err
 		}
 	}
 }
+
+// commitRetryFor bounds how long a commit retries writes whose outcome is
+// unknown; the lease stays renewed meanwhile.
+const commitRetryFor = time.Minute
 
 func (l *Lease) expires() time.Time {
 	return l.record().Expires

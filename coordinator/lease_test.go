@@ -74,7 +74,7 @@ type leaseTest struct {
 	hooks map[string]func(error) error // by op: "write", "read"
 }
 
-func newLeaseTest(t *testing.T) *leaseTest {
+func newLeaseTest(t *testing.T, opts ...Option) *leaseTest {
 	t.Helper()
 	srv := startServer(t)
 	lt := &leaseTest{clock: newManualClock(), obs: &recorder{}, hooks: map[string]func(error) error{}}
@@ -91,8 +91,8 @@ func newLeaseTest(t *testing.T) *leaseTest {
 		}
 		return nil
 	}
-	lt.c = newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0), WithLeaseTTL(longLease),
-		WithClock(lt.clock), WithObserver(lt.obs), answered)
+	lt.c = newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0),
+		append([]Option{WithLeaseTTL(longLease), WithClock(lt.clock), WithObserver(lt.obs), answered}, opts...)...)
 	return lt
 }
 
@@ -373,5 +373,56 @@ func TestRenewalWithLostAckIsAdopted(t *testing.T) {
 	if cur.record.State != StateCommitted || cur.rev != reserved+2 || lease.Revision() != cur.rev {
 		t.Fatalf("server at %d (%v), lease at %d; want the commit right after the renewal at %d",
 			cur.rev, cur.record.State, lease.Revision(), reserved+1)
+	}
+}
+
+// A direct get (tenant mode) may be a follower's answer: it never proves
+// that a write whose answer was lost landed.
+func TestLostAckNotProvenByDirectRead(t *testing.T) {
+	lt := newLeaseTest(t, WithTenants("acme"))
+	ctx := context.Background()
+	lease, err := lt.c.Reserve(ctx, ref(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt.onNext("write", func(error) error { return context.DeadlineExceeded })
+	if _, err := lease.Commit(ctx, embedding(10)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("commit proven by a direct read: %v, want ErrLeaseLost", err)
+	}
+	if len(lt.obs.committed) != 0 {
+		t.Fatalf("claimed %v", lt.obs.committed)
+	}
+}
+
+// A commit whose caller gave up while its answer was lost, and which
+// landed, is found by the next renewal: the lease ends, and the committed
+// record is not written over with a computing one.
+func TestRenewalFindsLandedCommit(t *testing.T) {
+	lt := newLeaseTest(t)
+	lease, err := lt.c.Reserve(context.Background(), ref(11))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lt.onNext("write", func(error) error { cancel(); return context.DeadlineExceeded })
+	if _, err := lease.Commit(ctx, embedding(11)); err == nil || errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("commit: %v, want the unknown outcome the caller gave up on", err)
+	}
+	committed := lt.read(t, ref(11).KVKey())
+	for range 3 {
+		if _, ok := lease.beat(context.Background()); !ok {
+			break
+		}
+	}
+	select {
+	case <-lease.Done():
+	default:
+		t.Fatal("lease still renewing a committed record")
+	}
+	if lease.Err() != nil {
+		t.Fatalf("lease error %v", lease.Err())
+	}
+	if cur := lt.read(t, ref(11).KVKey()); cur.rev != committed.rev || cur.record.State != StateCommitted {
+		t.Fatalf("record at %d (%v), want the commit at %d untouched", cur.rev, cur.record.State, committed.rev)
 	}
 }

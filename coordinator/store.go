@@ -205,6 +205,13 @@ func parseTTL(v string) time.Duration {
 	return 0
 }
 
+// isRefusal reports whether err is the server's answer refusing a write
+// (an API error): unlike a timeout, it says nothing was stored.
+func isRefusal(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr)
+}
+
 // isConflict reports whether err is the server refusing a revision-checked
 // write: ErrKeyExists, ErrKeyRevisionMismatch, or the API codes 10071
 // (R1) and 10164 (R3) that mean the same.

@@ -409,7 +409,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 	}
 
 	t.Run("R3Markers", func(t *testing.T) {
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "JSN_R3_MARKERS", History: 1,
+		kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_R3_MARKERS", History: 1,
 			Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -428,7 +428,15 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 
 	t.Run("R3NoMarkers", func(t *testing.T) {
 		const bucket = "JSN_R3_NOMARKERS"
-		if _, err := js.CreateStream(ctx, noMarkerKVStream(bucket, 3)); err != nil {
+		if err := retry(ctx, func() error {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err := js.CreateStream(actx, noMarkerKVStream(bucket, 3))
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				return nil
+			}
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
 		kv, err := js.KeyValue(ctx, bucket)
@@ -464,7 +472,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "JSN_R1_MARKERS", History: 1,
+		kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_R1_MARKERS", History: 1,
 			Storage: jetstream.FileStorage, Replicas: 1, LimitMarkerTTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -568,7 +576,7 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "JSN_TOMBSTONE", History: 1,
+	kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_TOMBSTONE", History: 1,
 		Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -709,4 +717,21 @@ func singleNodeKV(t *testing.T, ctx context.Context, bucket string) (*nats.Conn,
 		t.Fatal(err)
 	}
 	return nc, js, kv
+}
+
+// createKV creates a bucket, retrying a request that got no answer: on a
+// loaded machine a meta leader change can swallow one, and the test should
+// measure the server, not wait out its context.
+func createKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := retry(ctx, func() error {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var err error
+		if kv, err = js.CreateKeyValue(actx, cfg); errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(actx, cfg.Bucket)
+		}
+		return err
+	})
+	return kv, err
 }
