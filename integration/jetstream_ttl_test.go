@@ -458,25 +458,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 	})
 
 	t.Run("R1Markers", func(t *testing.T) {
-		srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Shutdown()
-		nc, err := srv.Connect()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_R1_MARKERS", History: 1,
-			Storage: jetstream.FileStorage, Replicas: 1, LimitMarkerTTL: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
+		nc, _, kv := singleNodeKV(t, ctx, "JSN_R1_MARKERS")
 		// R1 wipes late CAS too, more rarely (the sweep decides a message
 		// is its subject's last, then places the marker: a CAS can land in
 		// between), so only the premise is asserted.
