@@ -386,20 +386,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(trials)*20*time.Millisecond)
 	defer cancel()
 
-	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Shutdown()
-	nc, err := cl.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := threeNodeJS(t, ctx)
 
 	var summary []string
 	report := func(name string, s jsnTally) {
@@ -544,20 +531,7 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Shutdown()
-	nc, err := cl.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := threeNodeJS(t, ctx)
 	kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_TOMBSTONE", History: 1,
 		Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Minute})
 	if err != nil {
@@ -716,4 +690,25 @@ func createKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 		return err
 	})
 	return kv, err
+}
+
+// threeNodeJS starts a 3-node embedded cluster and connects to it; both
+// end with the test.
+func threeNodeJS(t *testing.T, ctx context.Context) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Shutdown)
+	nc, err := cl.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
