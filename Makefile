@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: check-tracked bench-go debs test-debs test-python bench-agent-hit test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: check-tracked bench-go debs test-debs test-python bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -64,8 +64,9 @@ bench: build debs
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/ ./agent/
 
-## debs: Debian packages the bench and tests use (redis-server, python3-numpy).
-DEBS := redis-server python3-numpy
+## debs: Debian packages the bench and tests use (redis-server, python3-numpy, python3-torch for the
+## Python client's tensor views and the example hook's test, mypy to type-check the client: no target runs it yet).
+DEBS := redis-server python3-numpy python3-torch mypy
 debs:
 	scripts/install-debs.sh $(DEBS)
 
@@ -78,9 +79,14 @@ test-debs:
 # (pyenv, a venv) may not.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-## test-python: the Python client against real agents (stdlib unittest; numpy tests skip without numpy).
+## test-python: mypy --strict on the Python client, and its tests against real agents (stdlib unittest).
 test-python: build
+	cd clients/python && $(PYTHON) -m mypy --strict embcache
 	cd clients/python && EMBCACHE_BIN=$(abspath $(BIN))/embcache $(PYTHON) -m unittest discover -s tests -t .
+
+## bench-agent-key: key construction from Python through a real agent (200 KiB, 2 MiB, 8 MiB), the Go floor beside it.
+bench-agent-key: build
+	PYTHON=$(PYTHON) scripts/bench-agent-key.sh
 
 ## bench-agent-hit: a Python hit of an 8 MiB tensor through a real agent vs reading it from a file.
 bench-agent-hit: build

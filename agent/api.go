@@ -42,10 +42,12 @@ type LookupRequest struct {
 	RequestID string `json:"request_id"` // what Release unpins
 }
 
-// Status of a lookup.
+// Status of a lookup, get or commit.
 const (
 	StatusHit      = "hit"
-	StatusReserved = "reserved"
+	StatusReserved = "reserved" // lookup: the caller computes
+	StatusMiss     = "miss"     // get: not cached (nothing reserved)
+	StatusAccepted = "accepted" // commit: the agent shares the value
 )
 
 // CallHeader names one call: a client may send it with any request, and the

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 )
@@ -66,11 +69,18 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 			return err
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, bytes.NewReader(body))
+	return c.do(ctx, method, path, "application/json", nil, bytes.NewReader(body), out)
+}
+
+func (c *Client) do(ctx context.Context, method, path, contentType string, header http.Header, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, body)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", contentType)
 	call := c.ID + "." + strconv.FormatUint(c.calls.Add(1), 10)
 	req.Header.Set(CallHeader, call)
 	resp, err := c.http.Do(req)
@@ -111,7 +121,40 @@ func (c *Client) Lookup(ctx context.Context, ref KeyRef, requestID string) (Look
 	return resp, resp.checkRequest(c.ID, requestID)
 }
 
-// Commit hands the agent the computed tensor bytes of a reservation.
+// KeyBytes returns the key of data under config (a JSON object) in mode
+// raw-bytes, or decoded-tensor with dtype and shape: the bytes are sent as
+// they are and hashed as they arrive (POST /v1/key/bytes).
+func (c *Client) KeyBytes(ctx context.Context, config json.RawMessage, mode, dtype string, shape []int64, data io.Reader) (KeyResponse, error) {
+	q := url.Values{"mode": {mode}}
+	if mode == "decoded-tensor" {
+		dims := make([]string, len(shape))
+		for i, d := range shape {
+			dims[i] = strconv.FormatInt(d, 10)
+		}
+		q.Set("dtype", dtype)
+		q.Set("shape", strings.Join(dims, ","))
+	}
+	var resp KeyResponse
+	return resp, c.do(ctx, http.MethodPost, "/v1/key/bytes?"+q.Encode(), "application/octet-stream",
+		http.Header{ConfigHeader: {string(config)}}, data, &resp)
+}
+
+// Get returns a hit, or a miss (Status StatusMiss): it never reserves the
+// key nor waits for a compute.
+func (c *Client) Get(ctx context.Context, ref KeyRef, requestID string) (LookupResponse, error) {
+	var resp LookupResponse
+	if err := c.call(ctx, "/v1/get", LookupRequest{KeyRef: ref, Client: c.ID, RequestID: requestID}, &resp); err != nil {
+		return LookupResponse{}, err
+	}
+	if resp.KeyRef != ref {
+		return LookupResponse{}, fmt.Errorf("%w: got %s/%s, answered for %s/%s", ErrMismatch, ref.Tenant, ref.Key, resp.Tenant, resp.Key)
+	}
+	return resp, resp.checkRequest(c.ID, requestID)
+}
+
+// Commit hands the agent the computed tensor bytes of a reservation. The
+// answer (Status StatusAccepted) comes once the agent has the value; it
+// shares it with the cluster after answering.
 func (c *Client) Commit(ctx context.Context, reservation, requestID, dtype string, shape []int64, data []byte) (LookupResponse, error) {
 	var resp LookupResponse
 	if err := c.call(ctx, "/v1/commit", CommitRequest{Reservation: reservation, Client: c.ID, RequestID: requestID,

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -32,9 +32,17 @@ var (
 	// ErrBadRequest is answered (400) for a body that does not decode or
 	// breaks the API's rules.
 	ErrBadRequest = errors.New("agent: bad request")
-	// errReservationEnded ends a compute whose client gave it up; the
+	// ErrReservationEnded is answered (410, code reservation_ended) for a
+	// reservation that has ended: abandoned, or its connection closed. The
 	// agent's other waiters for the key look it up again.
-	errReservationEnded = errors.New("agent: reservation ended by its client")
+	ErrReservationEnded = errors.New("agent: the reservation has ended")
+	// ErrComputeTimeout is answered (410, code compute_timeout) for a
+	// reservation that was not committed within the compute timeout; the
+	// key is free for another process to compute.
+	ErrComputeTimeout = errors.New("agent: the reservation ran past the compute timeout")
+	// errCommitted is what a reservation that was committed ended with: a
+	// second commit of it is refused (410, code reservation_ended).
+	errCommitted = fmt.Errorf("%w: it was committed", ErrReservationEnded)
 	// errCommitLost is what a commit's lookup gets if its flight had
 	// already failed: the client should look the key up again.
 	errCommitLost = errors.New("agent: the commit did not land; look the key up again")
@@ -52,6 +60,12 @@ type Server struct {
 
 	mu           sync.Mutex
 	reservations map[string]*reservation
+	ended        *lru.Cache[string, error] // why recent reservations ended, for their late calls
+
+	pinsMu  sync.Mutex
+	clients map[string]*clientPins // by client name
+
+	keyers *lru.Cache[string, *cachekey.Keyer] // by config JSON (POST /v1/key/bytes)
 
 	stored *lru.Cache[payload.ObjectID, storedFile] // what hit last found in the store
 
@@ -99,8 +113,10 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 		return nil, errors.New("agent: a cache and an shm store are required")
 	}
 	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
-		logger: slog.Default(), reservations: map[string]*reservation{}}
+		logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{}}
 	s.stored, _ = lru.New[payload.ObjectID, storedFile](1 << 16)
+	s.ended, _ = lru.New[string, error](1 << 14)
+	s.keyers, _ = lru.New[string, *cachekey.Keyer](256)
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -111,22 +127,18 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/key", s.handleKey)
+	mux.HandleFunc("POST /v1/key/bytes", s.handleKeyBytes)
 	mux.HandleFunc("POST /v1/lookup", s.handleLookup)
+	mux.HandleFunc("POST /v1/get", s.handleGet)
 	mux.HandleFunc("POST /v1/slot", s.handleSlot)
 	mux.HandleFunc("POST /v1/commit", s.handleCommit)
 	mux.HandleFunc("POST /v1/abandon", s.handleAbandon)
 	mux.HandleFunc("POST /v1/release", s.handleRelease)
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) { reply(w, s.Stats()) })
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.cache.Stats().StoreReachable {
-			http.Error(w, "store unreachable", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ok\n")
-	})
+	mux.Handle("GET /healthz", newHealth(cache))
 	s.http = &http.Server{Handler: echoCall(mux), ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			sess := &session{s: s, reqs: map[string]struct{}{}, res: map[string]*reservation{}}
+			sess := &session{s: s, clients: map[string]struct{}{}, res: map[string]*reservation{}}
 			s.sessions.Store(c, sess)
 			s.connections.Add(1)
 			return context.WithValue(ctx, sessionKey{}, sess)
@@ -225,9 +237,17 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		s.badRequests.Add(1)
 	case errors.Is(err, ErrUnknownReservation):
 		status, code = http.StatusNotFound, "not_found"
+	case errors.Is(err, ErrComputeTimeout):
+		status, code = http.StatusGone, "compute_timeout"
+	case errors.Is(err, ErrReservationEnded):
+		status, code = http.StatusGone, "reservation_ended"
+	case errors.Is(err, localcache.ErrComputeTimeout):
+		status, code = http.StatusGatewayTimeout, "compute_timeout"
 	case errors.Is(err, coordinator.ErrLeaseLost), errors.Is(err, errCommitLost):
 		status, code = http.StatusConflict, "conflict"
-	case errors.Is(err, coordinator.ErrStoreUnavailable), errors.Is(err, payload.ErrNoSpace):
+	case errors.Is(err, payload.ErrNoSpace):
+		status, code = http.StatusServiceUnavailable, "no_space"
+	case errors.Is(err, coordinator.ErrStoreUnavailable):
 		status, code = http.StatusServiceUnavailable, "unavailable"
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -272,8 +292,13 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
 	}
+	sess := sessionOf(r)
+	if !sess.callsFor(req.Client) {
+		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
+		return
+	}
 	s.lookups.Add(1)
-	resp, err := s.lookup(r.Context(), sessionOf(r), pinName(req.Client, req.RequestID), ref)
+	resp, err := s.lookup(r.Context(), sess, req.Client, req.RequestID, ref)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -284,7 +309,8 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 
 // lookup answers a hit, or hands the compute to the client: the agent's
 // compute function for the key waits for the client's commit.
-func (s *Server) lookup(ctx context.Context, sess *session, pin string, ref coordinator.Ref) (LookupResponse, error) {
+func (s *Server) lookup(ctx context.Context, sess *session, client, requestID string, ref coordinator.Ref) (LookupResponse, error) {
+	pin := pinName(client, requestID)
 	for {
 		reserved := make(chan *reservation, 1)
 		type outcome struct {
@@ -293,7 +319,7 @@ func (s *Server) lookup(ctx context.Context, sess *session, pin string, ref coor
 			err  error
 		}
 		done := make(chan outcome, 1)
-		sess.pinned(pin)
+		s.pinned(client, pin)
 		go func() {
 			v, path, err := s.cache.GetOrComputePath(ctx, pin, ref, func(fctx context.Context) (*payload.Value, error) {
 				res := s.newReservation(sess, ref)
@@ -307,7 +333,7 @@ func (s *Server) lookup(ctx context.Context, sess *session, pin string, ref coor
 			s.reserved.Add(1)
 			return LookupResponse{Status: StatusReserved, Reservation: res.id}, nil
 		case o := <-done:
-			if errors.Is(o.err, errReservationEnded) {
+			if errors.Is(o.err, ErrReservationEnded) {
 				continue // another client of this agent gave the key up: try again
 			}
 			if o.err != nil {
@@ -360,9 +386,9 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, fmt.Errorf("%w: slot size %d out of [0, %d]", ErrBadRequest, req.Size, s.maxBody))
 		return
 	}
-	res := s.reservation(req.Reservation)
-	if res == nil {
-		s.fail(w, ErrUnknownReservation)
+	res, err := s.reservation(req.Reservation)
+	if err != nil {
+		s.fail(w, err)
 		return
 	}
 	name := randomID()
@@ -379,7 +405,8 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 	}
 	if !res.addSlot(name, path) {
 		os.Remove(path)
-		s.fail(w, ErrUnknownReservation)
+		_, err := s.reservation(res.id)
+		s.fail(w, err)
 		return
 	}
 	reply(w, SlotResponse{Reservation: res.id, Slot: name, File: path, Size: req.Size})
@@ -394,12 +421,11 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	res := s.reservation(req.Reservation)
-	if res == nil {
-		s.fail(w, ErrUnknownReservation)
+	res, err := s.reservation(req.Reservation)
+	if err != nil {
+		s.fail(w, err)
 		return
 	}
-	sess := sessionOf(r)
 	v, err := s.valueOf(res, req)
 	if err != nil {
 		s.fail(w, err)
@@ -407,28 +433,17 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 	}
 	if !res.deliver(v, nil) {
 		v.Close()
-		s.fail(w, ErrUnknownReservation)
+		_, err := s.reservation(res.id)
+		s.fail(w, err)
 		return
 	}
 	s.commits.Add(1)
-	// The compute returns v now; the coordinator commits it. Joining the
-	// key's flight gives the outcome, pinned for the request.
-	pin := pinName(req.Client, req.RequestID)
-	sess.pinned(pin)
-	got, _, err := s.cache.GetOrComputePath(r.Context(), pin, res.ref, func(context.Context) (*payload.Value, error) {
-		return nil, errCommitLost
-	})
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	hit, err := s.hit(r.Context(), res.ref, got)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	reply(w, LookupResponse{Status: StatusHit, Path: "computed", Value: hit, // computed by the client
-		Reservation: res.id, KeyRef: keyRefOf(res.ref), Client: req.Client, RequestID: req.RequestID})
+	// The compute returns v now, and the coordinator checksums, stores and
+	// commits it while the client goes on: the client has its value (it
+	// wrote it), and a commit that fails is the coordinator's to count and
+	// log; other processes then compute the key again.
+	reply(w, LookupResponse{Status: StatusAccepted, Reservation: res.id, KeyRef: keyRefOf(res.ref),
+		Client: req.Client, RequestID: req.RequestID})
 }
 
 // valueOf builds the committed value from a slot (mapped, not copied) or
@@ -487,13 +502,18 @@ func (s *Server) handleAbandon(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	res := s.reservation(req.Reservation)
+	res, err := s.reservation(req.Reservation)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	reason := req.Reason
 	if reason == "" {
 		reason = "abandoned by the client"
 	}
-	if res == nil || !res.deliver(nil, fmt.Errorf("%w: %s", errReservationEnded, reason)) {
-		s.fail(w, ErrUnknownReservation)
+	if !res.deliver(nil, fmt.Errorf("%w: %s", ErrReservationEnded, reason)) {
+		_, err := s.reservation(res.id)
+		s.fail(w, err)
 		return
 	}
 	s.abandons.Add(1)
@@ -510,6 +530,47 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pin := pinName(req.Client, req.RequestID)
-	sessionOf(r).unpinned(pin)
+	s.unpinned(req.Client, pin)
 	reply(w, ReleaseResponse{Released: s.cache.Release(pin), Client: req.Client, RequestID: req.RequestID})
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
+	var req LookupRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if err := checkRequest(req.Client, req.RequestID); err != nil {
+		s.fail(w, err)
+		return
+	}
+	ref, err := refOf(req.KeyRef)
+	if err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return
+	}
+	if !sessionOf(r).callsFor(req.Client) {
+		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
+		return
+	}
+	s.lookups.Add(1)
+	pin := pinName(req.Client, req.RequestID)
+	s.pinned(req.Client, pin)
+	resp := LookupResponse{Status: StatusMiss, KeyRef: keyRefOf(ref), Client: req.Client, RequestID: req.RequestID}
+	v, path, err := s.cache.Get(r.Context(), pin, ref)
+	switch {
+	case errors.Is(err, coordinator.ErrNotCached):
+	case err != nil:
+		s.fail(w, err)
+		return
+	default:
+		hit, err := s.hit(r.Context(), ref, v)
+		if err != nil {
+			s.cache.Release(pin)
+			s.fail(w, err)
+			return
+		}
+		s.hits.Add(1)
+		resp.Status, resp.Path, resp.Value = StatusHit, path.String(), hit
+	}
+	reply(w, resp)
 }

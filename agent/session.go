@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -13,31 +14,72 @@ import (
 	"github.com/embcache/embcache/payload"
 )
 
-// session is what one connection holds: the pins of its requests and its
-// open reservations (with their slots). When the connection closes, end
-// gives all of it back.
+// session is what one connection holds: its open reservations (with their
+// slots), and a share in the pins of each client it called for. When the
+// connection closes, end gives its reservations back and drops its shares.
 type session struct {
 	s *Server
 
-	mu    sync.Mutex
-	ended bool
-	reqs  map[string]struct{}     // pin names this connection looked up
-	res   map[string]*reservation // open reservations
+	mu      sync.Mutex
+	ended   bool
+	clients map[string]struct{}     // the clients this connection called for
+	res     map[string]*reservation // open reservations
 }
 
-func (se *session) pinned(pin string) {
+// clientPins are the pins of one client (one process). They are kept while
+// any connection that called for the client is open, so a client may spread
+// its calls over a pool of connections and close idle ones; they are
+// released when its last connection closes (the process exited or was
+// killed).
+type clientPins struct {
+	conns int                 // open connections that called for the client
+	pins  map[string]struct{} // pin names its requests looked up
+}
+
+// callsFor records that the connection calls for client; false if the
+// connection has ended.
+func (se *session) callsFor(client string) bool {
 	se.mu.Lock()
-	se.reqs[pin] = struct{}{}
-	se.mu.Unlock()
+	defer se.mu.Unlock()
+	if se.ended {
+		return false
+	}
+	if _, ok := se.clients[client]; ok {
+		return true
+	}
+	se.clients[client] = struct{}{}
+	se.s.pinsMu.Lock()
+	cp := se.s.clients[client]
+	if cp == nil {
+		cp = &clientPins{pins: map[string]struct{}{}}
+		se.s.clients[client] = cp
+	}
+	cp.conns++
+	se.s.pinsMu.Unlock()
+	return true
 }
 
-func (se *session) unpinned(pin string) {
-	se.mu.Lock()
-	delete(se.reqs, pin)
-	se.mu.Unlock()
+// pinned records that client's request pin is about to pin a value; the
+// connection must have called callsFor(client).
+func (s *Server) pinned(client, pin string) {
+	s.pinsMu.Lock()
+	if cp := s.clients[client]; cp != nil {
+		cp.pins[pin] = struct{}{}
+	}
+	s.pinsMu.Unlock()
 }
 
-// end releases everything the connection held.
+// unpinned forgets a pin that was released.
+func (s *Server) unpinned(client, pin string) {
+	s.pinsMu.Lock()
+	if cp := s.clients[client]; cp != nil {
+		delete(cp.pins, pin)
+	}
+	s.pinsMu.Unlock()
+}
+
+// end gives back what the connection held: its reservations, and the pins
+// of each client whose last connection this was.
 func (se *session) end() {
 	se.mu.Lock()
 	if se.ended {
@@ -45,20 +87,32 @@ func (se *session) end() {
 		return
 	}
 	se.ended = true
-	reqs, res := se.reqs, se.res
-	se.reqs, se.res = nil, nil
+	clients, res := se.clients, se.res
+	se.clients, se.res = nil, nil
 	se.mu.Unlock()
-	if len(reqs)+len(res) > 0 {
+	var pins []string
+	se.s.pinsMu.Lock()
+	for c := range clients {
+		cp := se.s.clients[c]
+		if cp.conns--; cp.conns == 0 {
+			delete(se.s.clients, c)
+			for p := range cp.pins {
+				pins = append(pins, p)
+			}
+		}
+	}
+	se.s.pinsMu.Unlock()
+	if len(pins)+len(res) > 0 {
 		se.s.disconnects.Add(1)
 	}
 	for _, r := range res {
-		if r.deliver(nil, fmt.Errorf("%w: its connection closed", errReservationEnded)) {
+		if r.deliver(nil, fmt.Errorf("%w: its connection closed", ErrReservationEnded)) {
 			se.s.abandons.Add(1)
 			se.s.logger.Info("embcache agent: client gone, reservation abandoned", "key", r.ref.String())
 		}
 	}
-	for pin := range reqs {
-		se.s.cache.Release(pin)
+	for _, p := range pins {
+		se.s.cache.Release(p)
 	}
 }
 
@@ -121,15 +175,25 @@ func (s *Server) newReservation(sess *session, ref coordinator.Ref) *reservation
 	}
 	sess.mu.Unlock()
 	if ended { // the client left while the agent waited for the key
-		r.deliver(nil, fmt.Errorf("%w: its connection closed", errReservationEnded))
+		r.deliver(nil, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
 	}
 	return r
 }
 
-func (s *Server) reservation(id string) *reservation {
+// reservation returns the open reservation id, or why there is none: the
+// error it ended with (ErrReservationEnded, ErrComputeTimeout), or
+// ErrUnknownReservation for one never made (or ended long ago).
+func (s *Server) reservation(id string) (*reservation, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reservations[id]
+	r := s.reservations[id]
+	s.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	if err, ok := s.ended.Get(id); ok {
+		return nil, err
+	}
+	return nil, ErrUnknownReservation
 }
 
 // deliver ends the reservation with a value or an error; only the first
@@ -153,6 +217,11 @@ func (r *reservation) deliver(v *payload.Value, err error) bool {
 		}
 		r.slots = nil
 		r.mu.Unlock()
+		if err != nil {
+			r.s.ended.Add(r.id, err)
+		} else {
+			r.s.ended.Add(r.id, errCommitted)
+		}
 		r.result <- reservationResult{v, err}
 	})
 	return first
@@ -165,8 +234,12 @@ func (r *reservation) await(ctx context.Context) (*payload.Value, error) {
 	case res := <-r.result:
 		return res.v, res.err
 	case <-ctx.Done():
-		if r.deliver(nil, ctx.Err()) {
-			return nil, fmt.Errorf("agent: the client did not commit in time: %w", ctx.Err())
+		err := fmt.Errorf("%w: the agent is stopping", ErrReservationEnded)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: no commit within the compute timeout (--compute-timeout)", ErrComputeTimeout)
+		}
+		if r.deliver(nil, err) {
+			return nil, err
 		}
 		res := <-r.result
 		return res.v, res.err

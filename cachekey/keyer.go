@@ -59,11 +59,15 @@ func (k *Keyer) RawBytes(data []byte) (Key, error) {
 	if k.cfg.Modality == ModalityTokens {
 		return Key{}, fmt.Errorf("%w: a tokens config keys token sequences, not raw bytes", ErrInvalidInput)
 	}
-	digest := blake3.Sum256(data)
+	return k.rawKey(uint64(len(data)), blake3.Sum256(data)), nil
+}
+
+// rawKey is the key of n raw input bytes hashing to digest.
+func (k *Keyer) rawKey(n uint64, digest [digestSize]byte) Key {
 	e := encoder{k.header(ModeRawBytes, 8+digestSize)}
-	e.u64(uint64(len(data)))
+	e.u64(n)
 	e.b = append(e.b, digest[:]...)
-	return blake3.Sum256(e.b), nil
+	return blake3.Sum256(e.b)
 }
 
 // Tensor returns the key of a decoded input tensor. Its dtype, shape and
@@ -76,18 +80,22 @@ func (k *Keyer) Tensor(t Tensor) (Key, error) {
 	if err := t.Validate(); err != nil {
 		return Key{}, err
 	}
-	digest := blake3.Sum256(t.Data)
-	name := t.DType.String()
-	e := encoder{k.header(ModeTensor, 4+len(name)+1+4+8*len(t.Shape)+8+digestSize)}
+	return k.tensorKey(t.DType, t.Shape, uint64(len(t.Data)), blake3.Sum256(t.Data)), nil
+}
+
+// tensorKey is the key of a validated tensor of n data bytes hashing to digest.
+func (k *Keyer) tensorKey(dtype DType, shape []int64, n uint64, digest [digestSize]byte) Key {
+	name := dtype.String()
+	e := encoder{k.header(ModeTensor, 4+len(name)+1+4+8*len(shape)+8+digestSize)}
 	e.str(name)
 	e.u8(byteOrderLE)
-	e.u32(uint32(len(t.Shape)))
-	for _, d := range t.Shape {
+	e.u32(uint32(len(shape)))
+	for _, d := range shape {
 		e.u64(uint64(d))
 	}
-	e.u64(uint64(len(t.Data)))
+	e.u64(n)
 	e.b = append(e.b, digest[:]...)
-	return blake3.Sum256(e.b), nil
+	return blake3.Sum256(e.b)
 }
 
 // Tokens returns the key of a token sequence (codec tokens of a voice

@@ -97,6 +97,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.pollInterval == 0 {
 		s.pollInterval = s.leaseTTL / 5
 	}
+	if s.pullToShm && s.shm == nil {
+		return nil, fmt.Errorf("%w: WithPullToShm needs WithShm", ErrInvalidOption)
+	}
 	if s.putter == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
 		s.putter = mem
@@ -126,7 +129,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if c.tel, err = newInstruments(c, s.tracerProvider, s.meterProvider); err != nil {
 		return nil, err
 	}
-	c.router = &router{node: s.node, putter: s.putter, getters: s.getters, shm: s.shm}
+	c.router = &router{node: s.node, putter: s.putter, getters: s.getters, shm: s.shm, pullToShm: s.pullToShm}
 	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
 		if s.mode == ModeStrict {
@@ -342,23 +345,13 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 
 		case cur.record.State == StateCommitted:
 			unsubscribe()
-			pullStart := time.Now()
-			v, err := c.router.get(ctx, *cur.record.Location)
+			v, err := c.pull(ctx, ref, cur.record)
 			if err == nil {
-				c.stats.remoteHits.Add(1)
-				c.tel.pullBytes.Add(ctx, cur.record.Location.Size)
-				c.tel.pullTime.Record(ctx, time.Since(pullStart).Seconds())
-				if l := c.eventLink(); l != nil {
-					l.published(ref, *cur.record.Location, cur.record.Expires, false)
-				}
 				if waited {
 					return v, PathWaited, nil
 				}
 				return v, PathRemoteHit, nil
 			}
-			c.stats.payloadErrors.Add(1)
-			c.s.logger.Warn("embcache: committed payload unreadable, recomputing", "key", key,
-				"location", cur.record.Location.Object, "node", cur.record.Location.Node, "err", err)
 			if attempt >= 3 {
 				return c.degraded(ctx, fn, err)
 			}

@@ -29,6 +29,9 @@ var (
 	ErrTenant = errors.New("coordinator: tenant not served by this cache")
 	// ErrClosed is returned by calls on a closed Cache.
 	ErrClosed = errors.New("coordinator: cache closed")
+	// ErrNotCached is returned by Get for a key with no committed value
+	// (not cached, or still computing).
+	ErrNotCached = errors.New("coordinator: not cached")
 )
 
 // errLateReserve is a reservation acknowledged after its own TTL: it may

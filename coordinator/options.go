@@ -52,6 +52,7 @@ type settings struct {
 	putter         payload.Transport
 	getters        map[string]payload.Transport
 	shm            *shm.Store
+	pullToShm      bool
 	local          []localcache.Option
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
@@ -246,6 +247,19 @@ func WithGetter(kind string, t payload.Transport) Option {
 // store, whatever transport their Location names.
 func WithShm(store *shm.Store) Option {
 	return func(s *settings) error { s.shm = store; return nil }
+}
+
+// WithPullToShm makes values pulled from other nodes land in the WithShm
+// store: each is streamed into a file there, hashed as it is written and
+// put in place only if it matches its Location's checksum, then read from
+// that file; the process holds no copy of its own. A file received before
+// is read without a pull. Without room in the store, the value is pulled
+// into memory as without this option. The files stay when the value
+// leaves this process's cache, as every file of the store does until it
+// is deleted: for a node agent, which hands its processes shm files anyway.
+// It needs WithShm.
+func WithPullToShm() Option {
+	return func(s *settings) error { s.pullToShm = true; return nil }
 }
 
 // WithLocalCache passes options to the in-process cache (budget, TTL, clock).

@@ -36,13 +36,16 @@ type Stats struct {
 	// BadRecordsPurged counts records that did not decode, purged once
 	// older than a lease TTL so that their key is shared again.
 	BadRecordsPurged uint64
-	StoreReachable   bool
-	Local            localcache.Stats
+	// StoreReachable is true while the bucket is open and the NATS
+	// connection is up. A server gone without closing the connection
+	// (a partition) shows here only once the client's pings fail, minutes
+	// later; Ping asks the server.
+	StoreReachable bool
+	Local          localcache.Stats
 }
 
 // Stats returns a snapshot.
 func (c *Cache) Stats() Stats {
-	ls, _ := c.handles()
 	return Stats{
 		LocalHits: c.stats.localHits.Load(), RemoteHits: c.stats.remoteHits.Load(),
 		Computes: c.stats.computes.Load(), ComputeErrors: c.stats.computeErrors.Load(),
@@ -52,7 +55,7 @@ func (c *Cache) Stats() Stats {
 		PayloadErrors: c.stats.payloadErrors.Load(), Touches: c.stats.touches.Load(),
 		LateWrites: c.stats.lateWrites.Load(), StaleTakeovers: c.stats.staleTakeovers.Load(),
 		BadRecordsPurged: c.stats.badRecordsPurged.Load(),
-		StoreReachable:   ls != nil,
+		StoreReachable:   c.storeReachable(),
 		Local:            c.local.Stats(),
 	}
 }

@@ -43,7 +43,9 @@ func newAgent() *cobra.Command {
 				return err
 			}
 			defer tel.shutdown()
-			opts := append(tel.options(), coordinator.WithComputeTimeout(computeTimeout))
+			// Pulled values land in the store the agent answers files of:
+			// received there in one pass, not pulled into memory and copied.
+			opts := append(tel.options(), coordinator.WithComputeTimeout(computeTimeout), coordinator.WithPullToShm())
 			if localMaxBytes > 0 {
 				opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(localMaxBytes)))
 			}

@@ -58,9 +58,15 @@ func newAgentGet() *cobra.Command {
 					c.Abandon(ctx, resp.Reservation, err.Error())
 					return err
 				}
-				if resp, err = c.Commit(ctx, resp.Reservation, requestID, dtype, dims, value); err != nil {
+				if _, err = c.Commit(ctx, resp.Reservation, requestID, dtype, dims, value); err != nil {
 					return err
 				}
+				// The commit is accepted at once; the lookup joins it and
+				// answers the value as stored.
+				if resp, err = c.Lookup(ctx, k.KeyRef, requestID); err != nil {
+					return err
+				}
+				resp.Path = "computed"
 			}
 			data, unmap, err := agent.Map(resp.Value)
 			if err != nil {

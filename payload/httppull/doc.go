@@ -5,8 +5,10 @@
 //
 // from a local source (the shm store or a memory store), with its size and
 // checksum in headers; a puller streams the body into one buffer, hashing
-// as it reads, and verifies it before decoding. A replica that pulled a
-// value can put it in its own source and serve it in turn.
+// as it reads, and verifies it before decoding (Get), or hands the body to
+// a store that hashes it as it writes it (Stream, shm.Store.Receive). A
+// replica that pulled a value can put it in its own source and serve it in
+// turn.
 //
 // The server serves only content-addressed objects it holds: any other
 // path is 400, an absent object 404. With a bearer token, a request

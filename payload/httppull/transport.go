@@ -112,6 +112,26 @@ func (t *Transport) Delete(ctx context.Context, loc payload.Location) error {
 // payload.ErrTooLarge, payload.ErrUnavailable (the server cannot be reached
 // or fails).
 func (t *Transport) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
+	body, err := t.Stream(ctx, loc)
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	buf, release := alignedBuffer(int(loc.Size))
+	v, err := pull(ctx, body, buf, loc.Checksum)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return payload.WithRelease(v, release), nil
+}
+
+// Stream requests the value at loc and returns the body as it arrives:
+// loc.Size bytes, once the server's size and checksum headers agree with
+// loc, but not verified yet. The caller must hash them against
+// loc.Checksum before it uses them (shm.Store.Receive does, as it writes
+// them), and close the body. Errors as Get's.
+func (t *Transport) Stream(ctx context.Context, loc payload.Location) (io.ReadCloser, error) {
 	if err := loc.Validate(); err != nil {
 		return nil, err
 	}
@@ -139,29 +159,32 @@ func (t *Transport) Get(ctx context.Context, loc payload.Location) (*payload.Val
 		}
 		return nil, fmt.Errorf("%w: %s: %v", payload.ErrUnavailable, loc.Address, err)
 	}
-	defer resp.Body.Close()
+	if err := checkResponse(resp, loc); err != nil {
+		resp.Body.Close()
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// checkResponse checks a pull's status and that its size and checksum
+// headers are loc's.
+func checkResponse(resp *http.Response, loc payload.Location) error {
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusNotFound:
-		return nil, fmt.Errorf("%w: %s on %s", payload.ErrNotFound, loc.Object, loc.Address)
+		return fmt.Errorf("%w: %s on %s", payload.ErrNotFound, loc.Object, loc.Address)
 	case http.StatusUnauthorized:
-		return nil, fmt.Errorf("%w by %s", ErrUnauthorized, loc.Address)
+		return fmt.Errorf("%w by %s", ErrUnauthorized, loc.Address)
 	default:
-		return nil, fmt.Errorf("%w: %s answered %s", payload.ErrUnavailable, loc.Address, resp.Status)
+		return fmt.Errorf("%w: %s answered %s", payload.ErrUnavailable, loc.Address, resp.Status)
 	}
 	if resp.ContentLength != loc.Size || resp.Header.Get(HeaderSize) != strconv.FormatInt(loc.Size, 10) {
-		return nil, fmt.Errorf("%w: server sends %d bytes, location says %d", payload.ErrCorrupt, resp.ContentLength, loc.Size)
+		return fmt.Errorf("%w: server sends %d bytes, location says %d", payload.ErrCorrupt, resp.ContentLength, loc.Size)
 	}
 	if resp.Header.Get(HeaderChecksum) != loc.Checksum.String() {
-		return nil, fmt.Errorf("%w: server's checksum %q, location says %v", payload.ErrCorrupt, resp.Header.Get(HeaderChecksum), loc.Checksum)
+		return fmt.Errorf("%w: server's checksum %q, location says %v", payload.ErrCorrupt, resp.Header.Get(HeaderChecksum), loc.Checksum)
 	}
-	buf, release := alignedBuffer(int(loc.Size))
-	v, err := pull(ctx, resp.Body, buf, loc.Checksum)
-	if err != nil {
-		release()
-		return nil, err
-	}
-	return payload.WithRelease(v, release), nil
+	return nil
 }
 
 // pull reads the body into buf, hashing as it goes, and decodes it if the

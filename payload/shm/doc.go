@@ -8,5 +8,7 @@
 // the first writer wins and readers never see a partial file. Each file is
 // the value's encoding followed by its 32-byte checksum, so Get checks the
 // file against the Location's checksum without reading the data; WithVerifyData
-// re-hashes the data on every Get as well.
+// re-hashes the data on every Get as well. Receive writes a value streamed
+// from another node the same way, hashing it as it writes, and puts it in
+// place only if it matches the checksum it was sent for.
 package shm

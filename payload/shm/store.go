@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -160,26 +161,127 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	fileSize := size + int64(trailerSize)
-	s.mu.Lock()
-	if s.used+fileSize > s.maxBytes {
-		used := s.used
-		s.mu.Unlock()
-		return payload.Location{}, fmt.Errorf("%w: %d bytes used, %d more exceed the budget of %d", payload.ErrNoSpace, used, fileSize, s.maxBytes)
-	}
-	s.used += fileSize
-	s.mu.Unlock()
+	written, err := s.write(final, size+int64(trailerSize), func(f *os.File) error {
+		for _, p := range [][]byte{header, data, sum[:]} {
+			if _, err := f.Write(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return s.placed(obj, size, sum, written, err)
+}
 
-	written, err := s.write(obj, final, fileSize, header, data, sum[:])
-	if !written {
-		s.mu.Lock()
-		s.used -= fileSize
-		s.mu.Unlock()
-	}
+// placed is the Location after a write: of the file written, or of the one
+// another writer put in place first.
+func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, written bool, err error) (payload.Location, error) {
 	if err != nil {
 		return payload.Location{}, err
 	}
+	if !written {
+		if size, sum, ok := existing(s.path(obj)); ok {
+			return s.location(obj, size, sum), nil
+		}
+	}
 	return s.location(obj, size, sum), nil
+}
+
+// Receive stores under obj the encoding read from r: size bytes whose
+// BLAKE3 must be sum, such as the body of a pull from another node. The
+// bytes are hashed as they are written, in one pass, and the file is put
+// in place only if they hash to sum and decode; else the error wraps
+// payload.ErrCorrupt (a short r too) and nothing is left behind. An object
+// present already is left as it is and r is not read: the Location is
+// that file's, whose checksum may differ from sum (first writer wins).
+// Budget and tmpfs limits are as for Put.
+func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, sum payload.Checksum, r io.Reader) (payload.Location, error) {
+	if err := obj.Validate(); err != nil {
+		return payload.Location{}, err
+	}
+	if size < payload.PreludeSize {
+		return payload.Location{}, fmt.Errorf("%w: %d bytes, shorter than a prelude", payload.ErrCorrupt, size)
+	}
+	final := s.path(obj)
+	if size, sum, ok := existing(final); ok {
+		return s.location(obj, size, sum), nil
+	}
+	written, err := s.write(final, size+int64(trailerSize), func(f *os.File) error {
+		got, err := copyHashing(ctx, f, r, size)
+		if err != nil {
+			return err
+		}
+		if got != sum {
+			return fmt.Errorf("%w: received bytes hash to %v, want %v", payload.ErrCorrupt, got, sum)
+		}
+		if _, err := f.Write(sum[:]); err != nil {
+			return err
+		}
+		return decodes(f, size)
+	})
+	return s.placed(obj, size, sum, written, err)
+}
+
+// Receive's chunks: how much is read at a time (it stays in the CPU cache
+// between its read, its write and its hash), and how many are in flight.
+const (
+	receiveChunk  = 256 << 10
+	receiveChunks = 4
+)
+
+// copyHashing copies size bytes from r to w and returns their BLAKE3. The
+// hash of a chunk runs on its own goroutine while the next chunks are read
+// and written: hashing costs more than either copy, and another core can
+// take it. A short r is payload.ErrCorrupt.
+func copyHashing(ctx context.Context, w io.Writer, r io.Reader, size int64) (payload.Checksum, error) {
+	chunks := min(receiveChunks, int((size+receiveChunk-1)/receiveChunk))
+	free, full := make(chan []byte, chunks), make(chan []byte, chunks)
+	for range chunks {
+		free <- make([]byte, min(size, receiveChunk))
+	}
+	summed := make(chan payload.Checksum)
+	go func() {
+		hasher := blake3.New()
+		for b := range full {
+			hasher.Write(b)
+			free <- b[:cap(b)]
+		}
+		var sum payload.Checksum
+		hasher.Sum(sum[:0])
+		summed <- sum
+	}()
+	err := func() error {
+		for off := int64(0); off < size; {
+			buf := <-free // hashed and written: no one reads it any more
+			n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-off)])
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%w: body ended after %d of %d bytes: %v", payload.ErrCorrupt, off+int64(n), size, err)
+			}
+			full <- buf[:n] // the hash and the write only read it
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			off += int64(n)
+		}
+		return nil
+	}()
+	close(full)
+	sum := <-summed
+	return sum, err
+}
+
+// decodes checks that the first size bytes of f are a canonical encoding.
+// It maps them: Decode reads the header only, so the data is not touched.
+func decodes(f *os.File, size int64) error {
+	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("shm: mmap: %w", err)
+	}
+	defer unix.Munmap(m)
+	_, err = payload.Decode(m)
+	return err
 }
 
 // existing reads the encoded size and checksum of a stored file.
@@ -201,9 +303,26 @@ func existing(path string) (int64, payload.Checksum, bool) {
 	return size, sum, true
 }
 
-// write puts the file in place; written is false when nothing new stays on
-// disk (an error, or another writer got there first).
-func (s *Store) write(obj payload.ObjectID, final string, fileSize int64, parts ...[]byte) (written bool, err error) {
+// write reserves fileSize bytes of the budget and puts in place at final
+// the file fill writes (into a temp file, preallocated). written is false
+// when nothing new stays on disk: an error, or another writer got there
+// first.
+func (s *Store) write(final string, fileSize int64, fill func(*os.File) error) (written bool, err error) {
+	s.mu.Lock()
+	if s.used+fileSize > s.maxBytes {
+		used := s.used
+		s.mu.Unlock()
+		return false, fmt.Errorf("%w: %d bytes used, %d more exceed the budget of %d", payload.ErrNoSpace, used, fileSize, s.maxBytes)
+	}
+	s.used += fileSize
+	s.mu.Unlock()
+	defer func() {
+		if !written {
+			s.mu.Lock()
+			s.used -= fileSize
+			s.mu.Unlock()
+		}
+	}()
 	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return false, fmt.Errorf("shm: %w", err)
 	}
@@ -225,13 +344,11 @@ func (s *Store) write(obj payload.ObjectID, final string, fileSize int64, parts 
 			return false, fmt.Errorf("shm: fallocate: %w", err)
 		}
 	}
-	for _, p := range parts {
-		if _, err := tmp.Write(p); err != nil {
-			if errors.Is(err, unix.ENOSPC) {
-				return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
-			}
-			return false, fmt.Errorf("shm: %w", err)
+	if err := fill(tmp); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
 		}
+		return false, fmt.Errorf("shm: %w", err)
 	}
 	if err := tmp.Chmod(0o444); err != nil {
 		return false, fmt.Errorf("shm: %w", err)

@@ -16,28 +16,48 @@ the cluster.
     cache.cleanup_request(request_id)
 """
 
+__version__ = "0.2.0"
+
+from .aio import AsyncEmbeddingCache
+from .client import EmbeddingCache, Reservation
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
-from .client import (
+from .errors import (
+    AgentTimeout,
     AgentUnavailable,
     AnswerMismatch,
     APIError,
+    BadRequest,
+    ComputeTimeout,
     EmbcacheError,
-    Embedding,
-    EmbeddingCache,
-    Reservation,
-    Tensor,
+    InvalidValue,
+    LeaseLost,
+    ReservationEnded,
+    StoreFull,
+    StoreUnavailable,
 )
+from .values import Embedding, HiddenPrefix, Tensor, Tokens
 
 __all__ = [
+    "AgentTimeout",
     "AgentUnavailable",
     "AnswerMismatch",
     "APIError",
+    "AsyncEmbeddingCache",
+    "BadRequest",
+    "ComputeTimeout",
     "EmbcacheError",
     "Embedding",
     "EmbeddingCache",
     "EmbeddingCacheKey",
     "EncoderPreprocessingConfig",
+    "HiddenPrefix",
+    "InvalidValue",
+    "LeaseLost",
     "Reservation",
+    "ReservationEnded",
     "StageCacheConfig",
+    "StoreFull",
+    "StoreUnavailable",
     "Tensor",
+    "Tokens",
 ]

@@ -2,336 +2,46 @@
 
 from __future__ import annotations
 
-import base64
-import collections
-import http.client
+import functools
 import json
 import logging
-import mmap
 import os
-import socket
 import threading
+import urllib.parse
 import uuid
 import weakref
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
+from .connection import Connection, Pool
+from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, ReservationEnded,
+                     api_error, with_value)
+from .values import Embedding, Mappings, Tensor, parts_of, tensor_parts
 
 log = logging.getLogger("embcache")
 
-try:  # optional: hits become arrays over the mapping
-    import numpy as _np
-except ImportError:  # pragma: no cover - exercised where numpy is absent
-    _np = None
-
-
-class EmbcacheError(Exception):
-    """Base of the client's errors."""
-
-
-class AgentUnavailable(EmbcacheError):
-    """The agent's socket cannot be reached (or the agent's store is down,
-    in strict mode)."""
-
-
-class APIError(EmbcacheError):
-    """The agent answered a call with an error."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"agent: {status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
-
-
-class AnswerMismatch(EmbcacheError):
-    """An answer names another call, key, reservation, client or request
-    than the one asked. It is refused, never taken as a value (it would be
-    another input's embedding), and the connection it came on is closed: the
-    agent then releases that connection's pins and abandons its
-    reservations, and the next call opens a new one. It means that
-    something else writes to this connection, or that the agent answered
-    another question (or is older than these checks: its answers name no
-    call)."""
-
-
-class Tensor(NamedTuple):
-    """A computed value without numpy: contiguous little-endian bytes."""
-
-    data: Any  # bytes-like
-    dtype: str  # float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool
-    shape: Sequence[int]
-
-
-_NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int8": "i1", "uint8": "u1",
-                 "int16": "<i2", "int32": "<i4", "int64": "<i8", "bool": "?", "bfloat16": "<u2"}
-_FROM_NUMPY = {"float32": "float32", "float16": "float16", "float64": "float64", "int8": "int8", "uint8": "uint8",
-               "int16": "int16", "int32": "int32", "int64": "int64", "bool": "bool"}
-
-
-class Embedding:
-    """A hit: the value's tensor data mapped read-only from the agent's
-    shared-memory file, without a copy. It stays valid while this object is
-    open (the mapping outlives the file); the request's pin, until
-    cleanup_request, keeps the value in the cache."""
-
-    def __init__(self, key: EmbeddingCacheKey, value: dict, path: str, mappings: Optional["_Mappings"] = None):
-        self.key = key
-        self.path = path  # how the agent got it: local-hit, remote-hit, waited, computed, ...
-        self.file = value["file"]
-        self.dtype: str = value["dtype"]
-        self.shape = tuple(value.get("shape") or ())
-        self.kind: str = value["kind"]
-        self.tokens = tuple(value.get("tokens") or ())
-        self.checksum: str = value["checksum"]
-        offset, length = value["offset"], value["length"]
-        if offset < 0 or length < 0:
-            raise EmbcacheError(f"hit [{offset}, +{length}) of {self.file}")
-        self._mmap = (mappings or _Mappings(0)).get(self.file, self.checksum, offset + length)
-        whole = memoryview(self._mmap)
-        self._views = [whole]
-        self.buffer: memoryview = whole[offset:offset + length]  # read-only
-        self._views.append(self.buffer)
-
-    def numpy(self):
-        """A read-only numpy array over the mapping (no copy). bfloat16,
-        which numpy lacks, comes back as uint16."""
-        if _np is None:
-            raise EmbcacheError("numpy is not installed")
-        arr = _np.frombuffer(self.buffer, dtype=_np.dtype(_NUMPY_DTYPES[self.dtype]))
-        return arr.reshape(self.shape) if self.shape else arr
-
-    def torch(self):
-        """A torch tensor over the mapping (no copy). It must not be
-        written to: the pages are read-only and a write faults."""
-        import warnings
-
-        import torch
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about non-writable buffers
-            if self.dtype == "bfloat16":
-                t = torch.frombuffer(self.buffer, dtype=torch.int16).view(torch.bfloat16)
-            else:
-                t = torch.frombuffer(self.buffer, dtype=getattr(torch, self.dtype))
-        return t.reshape(self.shape)
-
-    def tobytes(self) -> bytes:
-        """A copy of the tensor data."""
-        return self.buffer.tobytes()
-
-    def close(self) -> None:
-        """Releases this view. The mapping may serve later hits of the same
-        value; it is unmapped once the client drops it and no view is left."""
-        for v in reversed(self._views):
-            v.release()
-        self._views = []
-        self._mmap = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Embedding({self.key}, {self.dtype}{list(self.shape)}, {self.path})"
+T = TypeVar("T")
 
 
 class Reservation:
-    """This process must compute the key: commit the value, or abandon."""
+    """This process must compute the key: commit the value, or abandon.
+    It holds the connection it was granted on (the agent ends a reservation
+    when that connection closes, which is how a killed process gives the key
+    back at once) until it is committed or abandoned."""
 
-    def __init__(self, cache: "EmbeddingCache", key: EmbeddingCacheKey, reservation: str, request_id: str):
+    def __init__(self, cache: "EmbeddingCache", key: EmbeddingCacheKey, reservation: str, request_id: str,
+                 conn: Optional[Connection] = None):
         self.cache, self.key, self.id, self.request_id = cache, key, reservation, request_id
+        self.conn = conn
         self.done = False
 
     def __repr__(self) -> str:
         return f"Reservation({self.key}, {self.id})"
 
 
-class _Connection:
-    """One HTTP/1.1 connection to the agent's Unix socket. Written by hand
-    rather than with http.client, whose header parsing costs more than the
-    rest of a hit: a call here is one send and, for the agent's small
-    answers, one recv, parsed with bytes methods.
-
-    HTTP/1.1 has no request ids: the answer to a call is simply the next
-    answer on the socket. So a connection makes one call at a time (lock),
-    and names each call (the Embcache-Call header, which the agent echoes):
-    an answer naming another call means someone else uses the socket, and
-    is refused."""
-
-    def __init__(self, path: str, timeout: Optional[float]):
-        self.path, self.timeout = path, timeout
-        self.sock = None
-        self.buf = b""
-        self.lock = threading.Lock()  # held for a whole call: send, then read its answer
-        self.name = os.urandom(8).hex()  # random: unique among every process's connections
-        self.calls = 0
-
-    def _connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        try:
-            s.connect(self.path)
-        except OSError:
-            s.close()
-            raise
-        self.sock, self.buf = s, b""
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise http.client.IncompleteRead(self.buf)
-        self.buf += chunk
-
-    def _take(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self._fill()
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def _line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            if len(self.buf) > 65536:
-                raise http.client.LineTooLong("header line")
-            self._fill()
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line
-
-    def request(self, method: str, path: str, body: Optional[bytes]) -> tuple:
-        """Makes one call; returns (status, body). Raises AnswerMismatch
-        (and closes the connection) if the answer is to another call."""
-        with self.lock:
-            if self.sock is None:
-                self._connect()
-            self.calls += 1
-            call = f"{self.name}.{self.calls}"
-            body = body or b""
-            head = (f"{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-                    f"Embcache-Call: {call}\r\nContent-Length: {len(body)}\r\n\r\n")
-            self.sock.sendall(head.encode("ascii") + body)
-            status, echoed, data = self._read_answer()
-            if echoed != call.encode("ascii"):
-                self.close()  # the stream is not ours alone: nothing more read from it can be trusted
-                raise AnswerMismatch(f"agent at {self.path}: {method} {path} was call {call}, the answer is to "
-                                     f"call {echoed.decode(errors='replace') or '(none named)'}")
-            return status, data
-
-    def _read_answer(self) -> tuple:
-        """Reads one answer: (status, the call it names, body)."""
-        while b"\r\n\r\n" not in self.buf:
-            if len(self.buf) > 1 << 20:
-                raise http.client.HTTPException("response headers too long")
-            self._fill()
-        header, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = header.split(b"\r\n")
-        parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise http.client.BadStatusLine(repr(lines[0]))
-        status = int(parts[1])
-        length, chunked, close, echoed = None, False, False, b""
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = b"close" in value.lower()
-            elif name == b"embcache-call":
-                echoed = value.strip()
-        if chunked:
-            data = self._read_chunked()
-        elif length is not None:
-            data = self._take(length)
-        elif status in (204, 304) or 100 <= status < 200:
-            data = b""
-        else:  # delimited by the connection's end
-            try:
-                while True:
-                    self._fill()
-            except http.client.IncompleteRead:
-                pass
-            data, self.buf, close = self.buf, b"", True
-        if close:
-            self.close()
-        return status, echoed, data
-
-    def _read_chunked(self) -> bytes:
-        out = []
-        while True:
-            size = int(self._line().split(b";")[0], 16)
-            if size == 0:
-                while self._line():
-                    pass  # trailers
-                return b"".join(out)
-            out.append(self._take(size))
-            self._take(2)
-
-    def close(self) -> None:
-        """Closes this process's descriptor of the socket. Not a shutdown():
-        in a forked child, whose descriptor is a copy of its parent's, the
-        parent's connection stays up (the agent sees a connection end when
-        its last descriptor closes). Takes no lock: it may be called while
-        another thread waits for an answer, or in a child where the lock
-        was held at fork() by a thread the child does not have."""
-        if self.sock is not None:
-            self.sock.close()
-        self.sock, self.buf = None, b""
-
-
-class _Mappings:
-    """The agent's files this process has mapped, by path and checksum. A hit
-    of a value already mapped takes a new view of the same pages instead of
-    mapping the file again: the checksum names the bytes, so the pages are
-    the value's even if the file has since been unlinked. Bounded by mapped
-    bytes; a mapping the bound drops is unmapped when its last view goes."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._lru = collections.OrderedDict()  # file -> (mmap, checksum)
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def after_fork(self) -> None:
-        """In a forked child: the mappings stay valid (a child inherits its
-        parent's mappings), but a thread of the parent may have held the
-        lock at fork(), and no thread of the child would ever release it."""
-        self._lock = threading.Lock()
-
-    def get(self, file: str, checksum: str, need: int):
-        with self._lock:
-            hit = self._lru.get(file)
-            if hit is not None and hit[1] == checksum and len(hit[0]) >= need:
-                self._lru.move_to_end(file)
-                return hit[0]
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if need > size:
-                raise EmbcacheError(f"hit needs {need} bytes of {file}, which has {size}")
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        with self._lock:
-            old = self._lru.pop(file, None)
-            if old is not None:
-                self._bytes -= len(old[0])
-            if self.max_bytes > 0:
-                self._lru[file] = (mm, checksum)
-                self._bytes += size
-            while self._bytes > self.max_bytes and self._lru:
-                _, (dropped, _) = self._lru.popitem(last=False)
-                self._bytes -= len(dropped)  # unmapped by its last reference
-        return mm
-
-
-Value = Union["Tensor", Any]  # a numpy array, a torch tensor, or a Tensor
-
-
 class _ProcessState:
     """What a client holds in one process: the identity the agent keeps its
-    pins under, one connection per thread, and the lock of that list.
+    pins under, and its pool of connections.
 
     It belongs to the process that made it (pid). A forked child inherits a
     copy, which it must not use: the sockets are its parent's, so the two
@@ -341,50 +51,10 @@ class _ProcessState:
     child take its locks: one held at fork() by another thread of the
     parent stays held in the child forever."""
 
-    def __init__(self, client_id: str):
+    def __init__(self, client_id: str, path: str, max_idle: int):
         self.pid = os.getpid()
         self.client_id = client_id
-        self.local = threading.local()  # .conn: this thread's connection
-        self.conns: list = []  # every thread's, for close()
-        self.lock = threading.Lock()
-
-    def conn(self, path: str, timeout: Optional[float]) -> _Connection:
-        """This thread's connection: a thread's calls never wait behind
-        another thread's (a lookup may wait minutes for a compute)."""
-        c = getattr(self.local, "conn", None)
-        if c is None:
-            c = _Connection(path, timeout)
-            self.local.conn = c
-            with self.lock:
-                self.conns.append(c)
-        return c
-
-    def drop_conn(self) -> None:
-        """Closes this thread's connection; its next call opens another."""
-        c = getattr(self.local, "conn", None)
-        if c is None:
-            return
-        self.local.conn = None
-        with self.lock:
-            if c in self.conns:
-                self.conns.remove(c)
-        c.close()
-
-    def close(self) -> None:
-        """Closes every thread's connection."""
-        with self.lock:
-            conns, self.conns = self.conns, []
-            self.local = threading.local()
-        for c in conns:
-            c.close()
-
-    def disown(self) -> None:
-        """In a forked child, for an inherited state: closes the child's
-        copies of the parent's sockets (so that the agent sees the parent's
-        connections end when the parent closes them, not when the last
-        child exits), taking no lock and touching nothing the parent uses."""
-        for c in list(self.conns):
-            c.close()
+        self.pool = Pool(path, max_idle)
 
 
 # Every live client, so that a forked child can disown their inherited
@@ -406,15 +76,15 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 
 # Answer fields Go leaves out when zero (omitempty).
-_OMITTED_WHEN_ZERO = {"model": "", "weight_epoch": 0}
+_OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
 
 
-def _key_names(key: EmbeddingCacheKey) -> dict:
+def _key_names(key: EmbeddingCacheKey) -> Dict[str, Any]:
     """How an answer names key."""
     return {"key": key.key, "tenant": key.tenant, "model": key.model, "weight_epoch": key.weight_epoch}
 
 
-def _check_names(call: str, answer: dict, want: dict) -> None:
+def _check_names(call: str, answer: Mapping[str, Any], want: Mapping[str, Any]) -> None:
     """Raises AnswerMismatch unless answer names what want does."""
     for name, value in want.items():
         got = answer.get(name, _OMITTED_WHEN_ZERO.get(name))
@@ -422,62 +92,118 @@ def _check_names(call: str, answer: dict, want: dict) -> None:
             raise AnswerMismatch(f"{call}: asked for {name} {value!r}, the answer is for {got!r}")
 
 
+@functools.lru_cache(maxsize=256)
+def _config_header(config: EncoderPreprocessingConfig) -> str:
+    """The config as the Embcache-Config header carries it (ASCII JSON)."""
+    return json.dumps(config.to_wire(), separators=(",", ":"))
+
+
+class _Episode:
+    """Failures in degrade mode, logged once per episode: the first failure
+    is logged, the ones after it only counted, and the first success after
+    them logs the episode's end with its count."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.failing = 0  # failures in the current episode
+        self.total = 0
+
+    def failed(self, what: str, err: BaseException) -> None:
+        with self.lock:
+            self.total += 1
+            self.failing += 1
+            first = self.failing == 1
+        if first:
+            log.warning("embcache: %s failed, serving without the cache until the agent answers again: %s", what, err)
+
+    def ok(self) -> None:
+        if not self.failing:  # unlocked read: a stale view only delays the log line by one call
+            return
+        with self.lock:
+            n, self.failing = self.failing, 0
+        if n:
+            log.warning("embcache: the agent answers again; %d calls were served without the cache", n)
+
+
 class EmbeddingCache:
     """The node agent's client. Safe to use from threads and across fork():
-    each thread of each process has its own connection to the agent, and
-    each process its own identity (client_id); a forked child, or a copy
-    made by pickling (multiprocessing's spawn and forkserver), opens
-    connections of its own on its first call. What a connection holds (pins,
-    reservations) is given back by the agent when it closes, so a killed
-    process leaks nothing. Every answer is checked to name the call, key and
-    request it answers (AnswerMismatch otherwise).
+    calls take a connection from the process's pool (at most
+    max_idle_connections stay open between calls), and each process has
+    its own identity (client_id); a forked child, or a copy made by
+    pickling (multiprocessing's spawn and forkserver), opens connections of
+    its own on its first call. What a process holds (pins, reservations) is
+    given back by the agent when its connections close, so a killed process
+    leaks nothing. Every answer is checked to name the call, key and request
+    it answers (AnswerMismatch otherwise).
+
+    Two timeouts: agent_timeout bounds every exchange with the agent (it
+    answers in milliseconds; a hung agent costs a caller this long), and
+    compute_timeout bounds a lookup's wait for another process's compute
+    (plus agent_timeout).
 
     With enabled=False the client is a pass-through: get_or_compute calls
-    compute_fn every time and the agent is never contacted. When the agent
-    cannot be reached, store_unavailable_mode="degrade" computes locally
-    (logged) and "strict" raises AgentUnavailable.
+    compute_fn every time and the agent is never contacted. When the cache
+    fails (the agent unreachable, hung or killed, its store full, its NATS
+    down, a compute past its timeout), store_unavailable_mode="degrade"
+    serves every call without it: get_or_compute returns compute_fn's
+    value, get and key calls return None, cleanup_request 0; failures are
+    counted (``degraded``) and logged once per episode. "strict" raises the
+    typed error (errors.py) instead.
     """
 
     def __init__(self, socket_path: Optional[str] = None, *, enabled: bool = True,
-                 store_unavailable_mode: str = "degrade", timeout: Optional[float] = 300.0,
-                 client_id: Optional[str] = None, mapping_cache_bytes: int = 4 << 30):
+                 store_unavailable_mode: str = "degrade", agent_timeout: float = 5.0,
+                 compute_timeout: float = 300.0, client_id: Optional[str] = None,
+                 mapping_cache_bytes: int = 4 << 30, max_idle_connections: int = 4):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled={enabled!r}: want True or False")
         if store_unavailable_mode not in ("degrade", "strict"):
             raise ValueError(f"store_unavailable_mode {store_unavailable_mode!r}: want degrade or strict")
         if enabled and not socket_path:
             raise ValueError("socket_path is required when the cache is enabled")
+        if not agent_timeout > 0 or not compute_timeout > 0:
+            raise ValueError("agent_timeout and compute_timeout must be positive")
         self.enabled = enabled
-        self.socket_path = socket_path
+        self.socket_path = socket_path or ""
         self.strict = store_unavailable_mode == "strict"
-        self.timeout = timeout
-        self.degraded = 0  # computes done without the agent
+        self.agent_timeout = float(agent_timeout)
+        self.compute_timeout = float(compute_timeout)
         self._client_base = client_id  # as given: the identity in the process that made the client
         self._origin_pid = os.getpid()
         self._mapping_cache_bytes = mapping_cache_bytes
+        self._max_idle = max_idle_connections
         self._setup()
 
     def _setup(self) -> None:
         """What a client has in the process it is in (not pickled)."""
-        self._mappings = _Mappings(self._mapping_cache_bytes)
-        self._state = _ProcessState(self._identity())
+        self._mappings = Mappings(self._mapping_cache_bytes)
+        self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
+        self._episode = _Episode()
         _clients.add(self)
 
-    def __getstate__(self) -> dict:
+    _SETTINGS = ("enabled", "socket_path", "strict", "agent_timeout", "compute_timeout", "_client_base",
+                 "_origin_pid", "_mapping_cache_bytes", "_max_idle")
+
+    def __getstate__(self) -> Dict[str, Any]:
         # Only the settings cross to another process: the copy connects on
         # its own, under an identity of its own (see _identity).
-        return {"enabled": self.enabled, "socket_path": self.socket_path, "strict": self.strict,
-                "timeout": self.timeout, "degraded": 0, "_client_base": self._client_base,
-                "_origin_pid": self._origin_pid, "_mapping_cache_bytes": self._mapping_cache_bytes}
+        return {name: getattr(self, name) for name in self._SETTINGS}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._setup()
 
     @classmethod
-    def from_stage_config(cls, stage: Optional[dict]) -> "EmbeddingCache":
+    def from_stage_config(cls, stage: Optional[Mapping[str, Any]]) -> "EmbeddingCache":
         """A client for a stage config's ``embedding_cache`` block."""
         c = StageCacheConfig.from_stage_config(stage)
         return cls(c.agent_socket, enabled=c.enable_embedding_cache, store_unavailable_mode=c.store_unavailable_mode,
-                   timeout=c.request_timeout_s)
+                   agent_timeout=c.agent_timeout_s, compute_timeout=c.request_timeout_s)
+
+    @property
+    def degraded(self) -> int:
+        """Calls served without the cache because it failed (degrade mode)."""
+        return self._episode.total
 
     # -- processes and connections -----------------------------------------
 
@@ -515,32 +241,51 @@ class EmbeddingCache:
             if inherited.pid == os.getpid():
                 return inherited  # another thread got here first
             self._mappings.after_fork()
-            self._state = _ProcessState(self._identity())
-        inherited.disown()
+            self._episode = _Episode()
+            self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
+        inherited.pool.disown()
         return self._state
 
-    def _call(self, method: str, path: str, body: Optional[dict] = None, retry: bool = False,
-              answers: Optional[dict] = None) -> Optional[dict]:
-        """Makes a call on this thread's connection. answers: the names (key,
-        reservation, client, request_id) the answer must carry."""
+    def open_connections(self) -> int:
+        """How many connections to the agent this process holds open."""
+        return self._process().pool.open_count()
+
+    def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, *, retry: bool = False,
+              answers: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
+              conn: Optional[Connection] = None, raw: Optional[Tuple[Any, Mapping[str, str]]] = None) -> Any:
+        """Makes a call on a pooled connection (or on conn, which the caller
+        holds). answers: the names (key, reservation, client, request_id)
+        the answer must carry. raw: (bytes-like body, headers) sent as
+        application/octet-stream instead of a JSON body. retry: the call
+        holds nothing, so it is made again once on a new connection if a
+        pooled one turns out dead (the agent restarted)."""
         if not self.enabled:
             raise EmbcacheError("the embedding cache is disabled")
-        payload = json.dumps(body).encode() if body is not None else None
-        state = self._process()
+        if raw is not None:
+            payload, headers, ctype = raw[0], raw[1], "application/octet-stream"
+        else:
+            payload = json.dumps(body).encode() if body is not None else b""
+            headers, ctype = {}, "application/json"
+        pool = self._process().pool
         for attempt in (0, 1):
-            conn = state.conn(self.socket_path, self.timeout)
+            c = conn or pool.take()
+            reused = c.calls > 0
             try:
-                status, data = conn.request(method, path, payload)
-            except AnswerMismatch:
-                state.drop_conn()
+                status, data = c.request(method, path, payload, timeout=timeout or self.agent_timeout,
+                                         content_type=ctype, headers=headers)
+            except AgentUnavailable as e:
+                if conn is None:
+                    pool.give(c)  # closed by the failure: dropped
+                if retry and attempt == 0 and reused and not isinstance(e, AgentTimeout):
+                    continue  # a pooled connection the agent had closed (it restarted)
                 raise
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                state.drop_conn()
-                # A reconnect is a new session on the agent: only calls that
-                # hold nothing (keys, lookups, stats) are tried again.
-                if retry and attempt == 0 and not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
-                    continue
-                raise AgentUnavailable(f"agent at {self.socket_path}: {e}") from e
+            except BaseException:
+                c.close()  # interrupted mid-call: the stream's state is unknown
+                if conn is None:
+                    pool.give(c)
+                raise
+            if conn is None:
+                pool.give(c)
             if status // 100 != 2:
                 raise self._error(status, data)
             answer = json.loads(data) if data else None
@@ -551,173 +296,281 @@ class EmbeddingCache:
                     # The connection may hold what the answer was really
                     # for (a reservation nobody will commit): closing it
                     # makes the agent give that back.
-                    state.drop_conn()
+                    c.close()
                     raise
+            self._episode.ok()
             return answer
         raise AssertionError("unreachable")
 
-    def _error(self, status: int, data: bytes) -> EmbcacheError:
+    @staticmethod
+    def _error(status: int, data: bytes) -> APIError:
         try:
             err = json.loads(data)
         except ValueError:
             err = {"code": "internal", "error": data.decode(errors="replace")}
-        if status == 503 and self.strict:
-            return AgentUnavailable(err.get("error", ""))
-        return APIError(status, err.get("code", ""), err.get("error", ""))
+        return api_error(status, str(err.get("code", "")), str(err.get("error", "")))
+
+    def _degrade(self, what: str, err: EmbcacheError, value: Any = None) -> None:
+        """In strict mode raises err (carrying value, if compute_fn ran);
+        in degrade mode counts and logs it."""
+        if self.strict:
+            raise with_value(err, value)
+        self._episode.failed(what, err)
 
     def close(self) -> None:
-        """Closes every connection of this process: the agent releases
-        their pins and abandons their reservations."""
-        self._process().close()
+        """Closes this process's idle connections, and each busy one when
+        its call ends: the agent releases the pins of a client whose last
+        connection closed, and abandons a closed connection's reservations.
+        The client may be used again (it reconnects)."""
+        self._process().pool.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "EmbeddingCache":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- keys --------------------------------------------------------------
 
-    def _key(self, body: dict) -> EmbeddingCacheKey:
-        r = self._call("POST", "/v1/key", body, retry=True)
+    def _key(self, path: str, body: Optional[Dict[str, Any]] = None,
+             raw: Optional[Tuple[Any, Mapping[str, str]]] = None) -> Optional[EmbeddingCacheKey]:
+        if not self.enabled:
+            return None
+        try:
+            r = self._call("POST", path, body, raw=raw, retry=True)
+        except BadRequest:
+            raise  # the config or input is wrong: a bug to fix, not a failure to ride out
+        except EmbcacheError as e:
+            self._degrade("key", e)
+            return None
         return EmbeddingCacheKey(key=r["key"], tenant=r["tenant"], model=r.get("model", ""),
                                  weight_epoch=r.get("weight_epoch", 0), prefix_keys=tuple(r.get("prefix_keys") or ()))
 
-    def key_from_raw_bytes(self, config: EncoderPreprocessingConfig, data) -> EmbeddingCacheKey:
-        """The key of raw input bytes under config."""
-        return self._key({"config": config.to_wire(), "mode": "raw-bytes", "data": _b64(data)})
+    def key_from_raw_bytes(self, config: EncoderPreprocessingConfig, data: Any) -> Optional[EmbeddingCacheKey]:
+        """The key of raw input bytes (a JPEG, a WAV) under config. The bytes
+        go to the agent as they are (no copy, no encoding) and are hashed
+        there (BLAKE3) as they arrive. None when the cache is off, or
+        degraded (get_or_compute(None, ...) computes)."""
+        mv = memoryview(data).cast("B")
+        try:
+            return self._key("/v1/key/bytes?mode=raw-bytes", raw=(mv, {"Embcache-Config": _config_header(config)}))
+        finally:
+            mv.release()
 
-    def key_from_decoded_tensor(self, config: EncoderPreprocessingConfig, tensor, dtype: Optional[str] = None,
-                                shape: Optional[Sequence[int]] = None) -> EmbeddingCacheKey:
-        """The key of a decoded tensor: a numpy array or torch tensor, or
-        bytes with dtype and shape."""
-        data, dtype, shape = _tensor_parts(tensor, dtype, shape)
-        return self._key({"config": config.to_wire(), "mode": "decoded-tensor", "data": _b64(data),
-                          "dtype": dtype, "shape": list(shape)})
+    def key_from_decoded_tensor(self, config: EncoderPreprocessingConfig, tensor: Any, dtype: Optional[str] = None,
+                                shape: Optional[Sequence[int]] = None) -> Optional[EmbeddingCacheKey]:
+        """The key of a decoded tensor (its dtype and shape are part of the
+        key): a numpy array or torch tensor, or bytes with dtype and shape."""
+        data, dt, sh = tensor_parts(tensor, dtype, shape)
+        mv = memoryview(data).cast("B")
+        q = urllib.parse.urlencode({"mode": "decoded-tensor", "dtype": dt, "shape": ",".join(str(int(d)) for d in sh)})
+        try:
+            return self._key("/v1/key/bytes?" + q, raw=(mv, {"Embcache-Config": _config_header(config)}))
+        finally:
+            mv.release()
 
-    def key_from_tokens(self, config: EncoderPreprocessingConfig, tokens: Sequence[int], block_size: int = 0) -> EmbeddingCacheKey:
+    def key_from_tokens(self, config: EncoderPreprocessingConfig, tokens: Sequence[int],
+                        block_size: int = 0) -> Optional[EmbeddingCacheKey]:
         """The key of a token sequence; prefix_keys holds each whole block prefix's."""
-        return self._key({"config": config.to_wire(), "mode": "tokens", "tokens": list(tokens), "block_size": block_size})
+        return self._key("/v1/key", {"config": config.to_wire(), "mode": "tokens", "tokens": [int(t) for t in tokens],
+                                     "block_size": block_size})
 
     # -- the cache ---------------------------------------------------------
 
     def reserve(self, key: EmbeddingCacheKey, request_id: str) -> Union[Embedding, Reservation]:
-        """Looks key up: a hit (an Embedding), or a Reservation when this
-        process must compute. Waits while another process computes it."""
+        """Looks key up: a hit (an Embedding, pinned for request_id), or a
+        Reservation when this process must compute. Waits while another
+        process computes it, up to compute_timeout. Raises (both modes)."""
         client = self.client_id
-        r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id), retry=True,
-                       answers=dict(_key_names(key), client=client, request_id=request_id))
-        if r["status"] == "hit":
-            return Embedding(key, r["value"], r.get("path", ""), self._mappings)
-        return Reservation(self, key, r["reservation"], request_id)
+        pool = self._process().pool
+        for attempt in (0, 1):
+            conn = pool.take()  # held by a reservation until it ends
+            reused, held = conn.calls > 0, False
+            try:
+                r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id),
+                               answers=dict(_key_names(key), client=client, request_id=request_id),
+                               timeout=self.compute_timeout + self.agent_timeout, conn=conn)
+                if r["status"] == "hit":
+                    return Embedding(key, r["value"], r.get("path", ""), self._mappings)
+                held = True
+                return Reservation(self, key, r["reservation"], request_id, conn)
+            except AgentUnavailable as e:
+                if attempt == 0 and reused and not isinstance(e, (AgentTimeout, APIError)):
+                    continue  # a pooled connection the agent had closed (it restarted)
+                raise
+            finally:
+                if not held:
+                    pool.give(conn)
+        raise AssertionError("unreachable")
 
     lookup = reserve
 
-    def commit(self, reservation: Reservation, value: Value, dtype: Optional[str] = None,
-               shape: Optional[Sequence[int]] = None) -> Embedding:
+    def _end(self, reservation: Reservation) -> None:
+        reservation.done = True
+        conn, reservation.conn = reservation.conn, None
+        if conn is not None:
+            self._process().pool.give(conn)
+
+    def commit(self, reservation: Reservation, value: Any, dtype: Optional[str] = None,
+               shape: Optional[Sequence[int]] = None) -> None:
         """Hands the computed value to the agent, which shares it with the
-        cluster; returns it as a hit. The value is written once into a slot
-        file in shared memory (never through the socket)."""
-        data, dtype, shape = _tensor_parts(value, dtype, shape)
+        cluster. Tensor data is written once into a slot file in shared
+        memory (never through the socket); the agent answers as soon as it
+        has the slot, and checksums, stores and commits the value after
+        that, so this returns within a call of the copy. Raises (both
+        modes); get_or_compute is the call that degrades."""
+        if reservation.done:
+            raise ReservationEnded(410, "reservation_ended", f"{reservation} was already committed or abandoned")
+        p = parts_of(value, dtype, shape)
         client = self.client_id
-        mv = memoryview(data).cast("B")
+        conn = reservation.conn
+        body: Dict[str, Any] = {"reservation": reservation.id, "client": client, "request_id": reservation.request_id,
+                                "kind": p.kind}
+        if p.kind != "tokens":
+            body.update(dtype=p.dtype, shape=list(p.shape))
+        if p.tokens:
+            body["tokens"] = p.tokens
+        mv = memoryview(p.data).cast("B")
         try:
-            # A slot of another reservation would be another key's value.
-            slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
-                              answers={"reservation": reservation.id})
-            with open(slot["file"], "r+b", buffering=0) as f:
-                f.write(mv)
-            r = self._call("POST", "/v1/commit", {"reservation": reservation.id, "client": client,
-                                                  "request_id": reservation.request_id, "dtype": dtype,
-                                                  "shape": list(shape), "slot": slot["slot"]},
-                           answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
-                                        request_id=reservation.request_id))
+            if p.kind != "tokens":
+                # A slot of another reservation would be another key's value.
+                slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
+                                  answers={"reservation": reservation.id}, conn=conn)
+                if mv.nbytes:
+                    with open(slot["file"], "r+b", buffering=0) as f:
+                        f.write(mv)
+                body["slot"] = slot["slot"]
+            self._call("POST", "/v1/commit", body, conn=conn,
+                       answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
+                                    request_id=reservation.request_id))
         finally:
             mv.release()
-        reservation.done = True
-        return Embedding(reservation.key, r["value"], r.get("path", ""), self._mappings)
+        self._end(reservation)
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
         """Gives the reservation up: another process may compute the key."""
         if reservation.done:
             return
-        reservation.done = True
+        conn = reservation.conn
         try:
-            self._call("POST", "/v1/abandon", {"reservation": reservation.id, "reason": reason})
-        except APIError as e:
-            if e.status != 404:  # already ended (its connection closed): nothing to give up
+            if conn is not None and conn.closed:
+                return  # its connection closed: the agent has ended it already
+            self._call("POST", "/v1/abandon", {"reservation": reservation.id, "reason": reason}, conn=conn)
+        except (ReservationEnded, APIError) as e:
+            if not isinstance(e, ReservationEnded) and getattr(e, "status", 0) not in (404, 410):
                 raise
+        finally:
+            self._end(reservation)
 
-    def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], Value], request_id: str):
-        """The value of key: from the cache, or computed once in the cluster
-        (here, by compute_fn, when this process is the one). Returns an
-        Embedding, or compute_fn's result where the cache is off or
-        degraded (the agent unreachable in degrade mode)."""
+    def _abandon_quietly(self, reservation: Reservation, reason: str) -> None:
+        try:
+            self.abandon(reservation, reason)
+        except EmbcacheError as e:
+            # The reservation ends with its connection, or at the compute
+            # timeout: nothing is lost but time.
+            log.debug("embcache: abandon failed: %s", e)
+            conn = reservation.conn
+            if conn is not None:
+                conn.close()
+            self._end(reservation)
+
+    def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
+        """The cached value of key (pinned for request_id), or None: not
+        cached, still computing elsewhere, the cache off or degraded. Never
+        reserves the key nor waits: a miss here holds nobody up."""
+        if not self.enabled or key is None:
+            return None
+        client = self.client_id
+        try:
+            r = self._call("POST", "/v1/get", dict(key.to_wire(), client=client, request_id=request_id),
+                           answers=dict(_key_names(key), client=client, request_id=request_id), retry=True)
+            if r["status"] != "hit":
+                return None
+            return Embedding(key, r["value"], r.get("path", ""), self._mappings)
+        except EmbcacheError as e:
+            self._degrade("get", e)
+            return None
+
+    def put(self, key: Optional[EmbeddingCacheKey], value: Any) -> bool:
+        """Stores value as key's, unless the cluster has it already (or
+        computes it: then that value stands). True if this call stored it."""
+        if not self.enabled or key is None:
+            return False
+        request_id = f"put-{uuid.uuid4().hex}"
+        try:
+            got = self.reserve(key, request_id)
+        except EmbcacheError as e:
+            self._degrade("put", e, value)
+            return False
+        if isinstance(got, Embedding):
+            got.close()
+            self.cleanup_request(request_id)
+            return False
+        try:
+            self.commit(got, value)
+        except EmbcacheError as e:
+            self._abandon_quietly(got, f"commit failed: {e}")
+            self._degrade("put", e, value)
+            return False
+        return True
+
+    def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], T],
+                       request_id: str) -> Union[Embedding, T]:
+        """The value of key: from the cache (an Embedding, pinned for
+        request_id), or computed once in the cluster, here by compute_fn
+        when this process is the one (its result is returned as it is, and
+        shared). Where the cache is off, key is None, or the cache fails in
+        degrade mode, compute_fn's result. compute_fn's own exceptions
+        propagate (the key is given back for another process to compute)."""
         if not self.enabled or key is None:
             return compute_fn()
         try:
             got = self.reserve(key, request_id)
-        except AgentUnavailable as e:
-            if self.strict:
-                raise
-            self.degraded += 1
-            log.warning("embcache: agent unavailable, computing locally: %s", e)
+        except EmbcacheError as e:
+            self._degrade("lookup", e)
             return compute_fn()
         if isinstance(got, Embedding):
             return got
         try:
             value = compute_fn()
         except BaseException as e:
-            self.abandon(got, f"compute_fn raised {type(e).__name__}: {e}")
+            self._abandon_quietly(got, f"compute_fn raised {type(e).__name__}: {e}")
             raise
         try:
-            return self.commit(got, value)
+            self.commit(got, value)
+        except EmbcacheError as e:
+            self._abandon_quietly(got, f"commit failed: {e}")
+            self._degrade("commit", e, value)
         except BaseException:
-            try:
-                self.abandon(got, "commit failed")
-            except EmbcacheError:
-                pass
+            self._abandon_quietly(got, "commit interrupted")
             raise
+        return value
 
     def cleanup_request(self, request_id: str) -> int:
-        """Ends a request: unpins every value it looked up."""
+        """Ends a request: unpins every value it looked up. Returns how
+        many pins were dropped (0 when the cache is off or degraded)."""
         if not self.enabled:
             return 0
         client = self.client_id
-        r = self._call("POST", "/v1/release", {"client": client, "request_id": request_id},
-                       answers={"client": client, "request_id": request_id})
-        return r["released"]
+        try:
+            r = self._call("POST", "/v1/release", {"client": client, "request_id": request_id},
+                           answers={"client": client, "request_id": request_id}, retry=True)
+        except EmbcacheError as e:
+            self._degrade("cleanup_request", e)
+            return 0
+        return int(r["released"])
 
-    def stats(self) -> dict:
-        """The agent's and its cache's counters."""
-        return self._call("GET", "/v1/stats", retry=True)
+    def stats(self) -> Dict[str, Any]:
+        """The agent's and its cache's counters, and this client's
+        ("client": degraded calls, open connections). Without the agent
+        (degrade mode), only the client's."""
+        out: Dict[str, Any] = {}
+        if self.enabled:
+            try:
+                out = dict(self._call("GET", "/v1/stats", retry=True))
+            except EmbcacheError as e:
+                self._degrade("stats", e)
+        out["client"] = {"degraded": self.degraded, "open_connections": self.open_connections(),
+                         "client_id": self.client_id}
+        return out
 
-
-def _b64(data) -> str:
-    return base64.b64encode(memoryview(data).cast("B")).decode("ascii")
-
-
-def _tensor_parts(value, dtype, shape):
-    """(bytes-like, dtype name, shape) of a numpy array, torch tensor or Tensor."""
-    if isinstance(value, Tensor):
-        return value.data, value.dtype, tuple(value.shape)
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        t = value.detach().contiguous().cpu()
-        name = str(t.dtype).replace("torch.", "")
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().data, "bfloat16", tuple(t.shape)
-        return t.numpy().data, name, tuple(t.shape)
-    if _np is not None and isinstance(value, _np.ndarray):
-        a = _np.ascontiguousarray(value)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        name = dtype or _FROM_NUMPY.get(a.dtype.name)
-        if name is None:
-            raise EmbcacheError(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
-        return a.data, name, tuple(shape) if shape is not None else a.shape
-    if dtype is None or shape is None:
-        raise EmbcacheError("bytes need dtype= and shape= (or pass a numpy array, a torch tensor or a Tensor)")
-    return value, dtype, tuple(shape)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import EmbeddingCache
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class EncoderPreprocessingConfig:
         for name in ("image_size", "normalize_mean", "normalize_std"):
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Dict[str, Any]:
         """The config as the agent takes it: every field, by its wire name."""
         d = dataclasses.asdict(self)
         for name in ("image_size", "normalize_mean", "normalize_std"):
@@ -55,6 +59,8 @@ class EncoderPreprocessingConfig:
         if unknown:
             raise ValueError(f"unknown preprocessing config fields: {unknown}")
         return cls(**d)
+
+_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -74,22 +80,26 @@ class EmbeddingCacheKey:
     prefix_keys: Tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.key) != 64 or any(c not in "0123456789abcdef" for c in self.key):
+        if len(self.key) != 64 or not _HEX64.fullmatch(self.key):
             raise ValueError(f"key {self.key!r}: want 64 lowercase hex digits")
 
     @classmethod
-    def from_raw_bytes(cls, raw_bytes, config: EncoderPreprocessingConfig, *, cache) -> "EmbeddingCacheKey":
+    def from_raw_bytes(cls, raw_bytes: Any, config: EncoderPreprocessingConfig, *,
+                       cache: "EmbeddingCache") -> Optional["EmbeddingCacheKey"]:
         """The RFC's preferred mode: the key of raw input bytes (a JPEG, a
-        WAV), made by cache's agent."""
+        WAV), made by cache's agent (None where the cache is off or
+        degraded)."""
         return cache.key_from_raw_bytes(config, raw_bytes)
 
     @classmethod
-    def from_decoded_tensor(cls, tensor, config: EncoderPreprocessingConfig, *, cache, dtype=None, shape=None) -> "EmbeddingCacheKey":
+    def from_decoded_tensor(cls, tensor: Any, config: EncoderPreprocessingConfig, *, cache: "EmbeddingCache",
+                            dtype: Optional[str] = None,
+                            shape: Optional[Sequence[int]] = None) -> Optional["EmbeddingCacheKey"]:
         """The RFC's fallback mode: the key of a decoded tensor (its dtype
         and shape are part of the key)."""
         return cache.key_from_decoded_tensor(config, tensor, dtype=dtype, shape=shape)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> Dict[str, Any]:
         return {"key": self.key, "tenant": self.tenant, "model": self.model, "weight_epoch": self.weight_epoch}
 
     def __str__(self) -> str:
@@ -104,16 +114,24 @@ class StageCacheConfig:
     enable_embedding_cache: bool = False
     store_unavailable_mode: str = "degrade"  # degrade | strict
     agent_socket: str = "/run/embcache/agent.sock"
-    request_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0  # a compute, and the wait for another process's
+    agent_timeout_s: float = 5.0  # any exchange with the agent
     lease_ttl_s: float = 5.0
     store_ttl_s: float = 3600.0
     local_max_bytes: int = 0
     shm_max_bytes: int = 0
 
     def __post_init__(self) -> None:
+        # YAML and JSON hand over what the file says: "false" is a string,
+        # and a string here would turn the cache on. Types are checked.
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            want = {"bool": (bool,), "str": (str,), "float": (int, float), "int": (int,)}[str(f.type)]
+            if not isinstance(v, want) or (bool not in want and isinstance(v, bool)):
+                raise TypeError(f"embedding_cache.{f.name}: {v!r} is a {type(v).__name__}, want a {f.type}")
         if self.store_unavailable_mode not in ("degrade", "strict"):
             raise ValueError(f"store_unavailable_mode {self.store_unavailable_mode!r}: want degrade or strict")
-        if self.request_timeout_s <= 0 or self.lease_ttl_s <= 0 or self.store_ttl_s <= 0:
+        if min(self.request_timeout_s, self.agent_timeout_s, self.lease_ttl_s, self.store_ttl_s) <= 0:
             raise ValueError("timeouts and TTLs must be positive")
         if self.local_max_bytes < 0 or self.shm_max_bytes < 0:
             raise ValueError("budgets must be >= 0 (0: the agent's default)")
@@ -131,7 +149,7 @@ class StageCacheConfig:
             raise ValueError(f"embedding_cache: unknown keys {unknown}")
         return cls(**block)
 
-    def agent_args(self) -> list:
+    def agent_args(self) -> List[str]:
         """The ``embcache agent`` flags these settings stand for: the agent
         owns TTLs and budgets, the stage only names them."""
         args = ["--socket", self.agent_socket, "--lease-ttl", f"{self.lease_ttl_s}s", "--store-ttl", f"{self.store_ttl_s}s",

@@ -24,7 +24,16 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from embcache import EmbeddingCache, EncoderPreprocessingConfig, Tensor
+from embcache import AgentUnavailable, Embedding, EmbeddingCache, EncoderPreprocessingConfig, Tensor
+
+try:  # a hit comes back as a torch tensor over the mapping, or a numpy array without torch
+    import torch
+except ImportError:
+    torch = None
+try:
+    import numpy
+except ImportError:
+    numpy = None
 
 
 class EmbcacheEncoderHook:
@@ -36,29 +45,49 @@ class EmbcacheEncoderHook:
     def encode_items(self, raw_items: Sequence[bytes], inputs: Sequence, encoder: Callable, request_ids: Sequence[str]):
         """One embedding per item: raw_items[i] is the item's bytes as the
         request carried them (the JPEG, the WAV), inputs[i] the preprocessed
-        tensor the encoder takes, request_ids[i] the request it belongs to."""
+        tensor the encoder takes, request_ids[i] the request it belongs to.
+        An item the cache has comes back as a read-only tensor over the
+        shared mapping (a numpy array without torch); an item the encoder
+        computed here (the cache's pick, the cache off, or the agent down in
+        degrade mode) may come back as the encoder's own output. Either is
+        moved to device when one is given."""
+        if not (len(raw_items) == len(inputs) == len(request_ids)):
+            raise ValueError(f"{len(raw_items)} raw items, {len(inputs)} inputs, {len(request_ids)} request ids")
         out = []
         for raw, x, req in zip(raw_items, inputs, request_ids):
-            key = self.cache.key_from_raw_bytes(self.preprocessing, raw) if self.cache.enabled else None
-            emb = self.cache.get_or_compute(key, lambda x=x: _to_cpu(encoder(x)), req)
+            # The commit copies a device tensor to the CPU itself.
+            emb = self.cache.get_or_compute(self._key(raw), lambda x=x: encoder(x), req)
             out.append(self._tensor(emb))
         return out
 
+    def _key(self, raw: bytes):
+        """The item's key; None (compute locally) when the cache is off, or
+        when the agent cannot be reached in degrade mode."""
+        if not self.cache.enabled:
+            return None
+        try:
+            return self.cache.key_from_raw_bytes(self.preprocessing, raw)
+        except AgentUnavailable:
+            if self.cache.strict:
+                raise
+            return None
+
     def _tensor(self, emb):
-        if hasattr(emb, "torch"):  # an Embedding: a view of the shm mapping
-            t = emb.torch()
+        if not isinstance(emb, Embedding):
+            # The encoder's own output (computed here, or without the
+            # cache): already where the encoder put it, unless device says otherwise.
+            return emb.to(self.device) if self.device and hasattr(emb, "to") else emb
+        if torch is not None:
+            t = emb.torch()  # a view of the shm mapping: no copy until .to(device)
             return t.to(self.device) if self.device else t
-        return emb  # the cache is off: the encoder's own output
+        if numpy is not None:
+            return emb.numpy()  # read-only; bfloat16 comes back as uint16
+        return emb  # neither: the Embedding itself (.tobytes(), .dtype, .shape)
 
-    def finish_request(self, request_id: str) -> None:
-        self.cache.cleanup_request(request_id)
-
-
-def _to_cpu(t):
-    """What the cache stores: a contiguous CPU tensor (or a Tensor)."""
-    if hasattr(t, "detach"):
-        return t.detach().contiguous().cpu()
-    return t
+    def finish_request(self, request_id: str) -> int:
+        """Ends the request (the RFC's cleanup_request): unpins what it
+        looked up. Returns how many values were unpinned."""
+        return self.cache.cleanup_request(request_id)
 
 
 if __name__ == "__main__":

@@ -100,16 +100,15 @@ class Cluster:
 
 
 def healthy(sock: str) -> bool:
-    import http.client
-
-    from embcache.client import _Connection
+    from embcache.connection import Connection
+    from embcache.errors import AgentUnavailable
 
     if not os.path.exists(sock):
         return False
-    c = _Connection(sock, 1.0)
+    c = Connection(sock)
     try:
-        return c.request("GET", "/healthz", None)[0] == 200
-    except (OSError, http.client.HTTPException):
+        return c.request("GET", "/healthz", timeout=1.0)[0] == 200
+    except AgentUnavailable:
         return False
     finally:
         c.close()

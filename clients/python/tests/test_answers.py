@@ -52,7 +52,7 @@ class FakeAgent:
                     name, _, value = h.decode().partition(":")
                     headers[name.strip().lower()] = value.strip()
                 raw = self.rfile.read(int(headers.get("content-length", 0)))
-                body = json.loads(raw) if raw else None
+                body = json.loads(raw) if raw and headers.get("content-type") == "application/json" else raw
                 fake.calls.append((path, body))
                 status, answer, call = fake.answer(path, body)
                 call = headers.get("embcache-call") if call is None else call
@@ -93,7 +93,8 @@ class AnswerCheckTest(unittest.TestCase):
         return fake
 
     def client(self, fake, **kw) -> EmbeddingCache:
-        cache = EmbeddingCache(fake.path, timeout=10, **kw)
+        kw.setdefault("store_unavailable_mode", "strict")
+        cache = EmbeddingCache(fake.path, agent_timeout=10, **kw)
         self.addCleanup(cache.close)
         return cache
 
@@ -180,14 +181,16 @@ class AnswerCheckTest(unittest.TestCase):
         with self.assertRaises(AnswerMismatch):
             self.client(fake).cleanup_request("r1")
 
-    def test_mismatch_is_raised_not_degraded(self):
-        # Even in degrade mode a mismatch is an error: the agent is there,
-        # and it answered something else.
+    def test_mismatch_is_never_a_value(self):
+        # In strict mode a mismatch is raised; in degrade mode the request
+        # gets its own compute (counted): in neither does it get the answer.
         fake = self.agent(lambda path, body: (200, lookup_answer(body, key=OTHER_KEY), None))
-        computed = []
         with self.assertRaises(AnswerMismatch):
-            self.client(fake).get_or_compute(KEY, lambda: computed.append(1), "r1")
-        self.assertEqual(computed, [])
+            self.client(fake).get_or_compute(KEY, lambda: "computed", "r1")
+        degrade = self.client(fake, store_unavailable_mode="degrade")
+        with self.assertLogs("embcache", "WARNING"):
+            self.assertEqual(degrade.get_or_compute(KEY, lambda: "computed", "r1"), "computed")
+        self.assertEqual(degrade.degraded, 1)
 
 
 class IdentityTest(unittest.TestCase):
@@ -195,10 +198,10 @@ class IdentityTest(unittest.TestCase):
         fake = FakeAgent(lambda path, body: (200, {"released": 0, "client": body["client"],
                                                    "request_id": body["request_id"]}, None))
         self.addCleanup(fake.close)
-        cache = EmbeddingCache(fake.path, timeout=10, client_id="encoder")
+        cache = EmbeddingCache(fake.path, store_unavailable_mode="strict", client_id="encoder")
         self.addCleanup(cache.close)
         cache.cleanup_request("r1")
-        inherited = cache._state.local.conn.sock.fileno()
+        inherited = cache._state.pool.idle[0].sock.fileno()
 
         def child():
             # Before any call: the at-fork hook has closed the child's copy
@@ -226,10 +229,11 @@ class IdentityTest(unittest.TestCase):
     def test_pickled_copy_has_its_own_identity(self):
         import pickle
 
-        cache = EmbeddingCache("/nonexistent.sock", store_unavailable_mode="strict", timeout=7, client_id="stage")
+        cache = EmbeddingCache("/nonexistent.sock", store_unavailable_mode="strict", compute_timeout=7,
+                               agent_timeout=2, client_id="stage")
         copy = pickle.loads(pickle.dumps(cache))
         # In this process a copy keeps the name it was given; settings travel.
-        self.assertEqual((copy.client_id, copy.strict, copy.timeout), ("stage", True, 7))
+        self.assertEqual((copy.client_id, copy.strict, copy.compute_timeout, copy.agent_timeout), ("stage", True, 7, 2))
 
         def child():
             return pickle.loads(pickle.dumps(cache)).client_id

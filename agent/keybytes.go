@@ -1,0 +1,100 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/embcache/embcache/cachekey"
+)
+
+// ConfigHeader carries the preprocessing config (a JSON object, as in
+// KeyRequest.Config) of a POST /v1/key/bytes call, whose body is the input
+// itself.
+const ConfigHeader = "Embcache-Config"
+
+// keyers are the Keyers of the configs seen last, by their JSON text: a
+// stage sends the same config with every input, and decoding and checking
+// it again would cost more than hashing a small input.
+func (s *Server) keyerOf(config string) (*cachekey.Keyer, error) {
+	if k, ok := s.keyers.Get(config); ok {
+		return k, nil
+	}
+	cfg, err := decodeConfig([]byte(config))
+	if err != nil {
+		return nil, err
+	}
+	k, err := cachekey.NewKeyer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.keyers.Add(config, k)
+	return k, nil
+}
+
+// handleKeyBytes answers POST /v1/key/bytes?mode=raw-bytes (or
+// mode=decoded-tensor&dtype=D&shape=A,B,...): the key of the body's bytes
+// under the config in ConfigHeader. The body is streamed through BLAKE3 as
+// it arrives, in bounded memory whatever its size: no base64, no JSON, no
+// copy of the input.
+func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
+	bad := func(format string, args ...any) {
+		s.fail(w, fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...)))
+	}
+	config := r.Header.Get(ConfigHeader)
+	if config == "" {
+		bad("the %s header (the preprocessing config, a JSON object) is required", ConfigHeader)
+		return
+	}
+	keyer, err := s.keyerOf(config)
+	if err != nil {
+		bad("%v", err)
+		return
+	}
+	q := r.URL.Query()
+	mode := q.Get("mode")
+	var k cachekey.Key
+	switch mode {
+	case cachekey.ModeRawBytes.String():
+		k, err = keyer.RawBytesFrom(r.Body)
+	case cachekey.ModeTensor.String():
+		var dt cachekey.DType
+		var shape []int64
+		if dt, err = cachekey.ParseDType(q.Get("dtype")); err != nil {
+			bad("dtype: %v", err)
+			return
+		}
+		if shape, err = parseShape(q.Get("shape")); err != nil {
+			bad("shape: %v", err)
+			return
+		}
+		k, err = keyer.TensorFrom(dt, shape, r.Body)
+	default:
+		bad("mode %q: want %s or %s (tokens are keyed by POST /v1/key)", mode, cachekey.ModeRawBytes, cachekey.ModeTensor)
+		return
+	}
+	if err != nil {
+		bad("%v", err)
+		return
+	}
+	cfg := keyer.Config()
+	reply(w, KeyResponse{Mode: mode, KeyRef: KeyRef{Key: k.String(), Tenant: cfg.Tenant, Model: cfg.ModelID, WeightEpoch: cfg.WeightEpoch}})
+}
+
+// parseShape reads "A,B,C" (empty: a scalar's shape).
+func parseShape(s string) ([]int64, error) {
+	if s == "" {
+		return []int64{}, nil
+	}
+	parts := strings.Split(s, ",")
+	shape := make([]int64, len(parts))
+	for i, p := range parts {
+		d, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("dimension %d is %q: want a non-negative integer", i, p)
+		}
+		shape[i] = d
+	}
+	return shape, nil
+}

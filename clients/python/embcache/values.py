@@ -1,0 +1,255 @@
+"""Values: what compute_fn returns and the cache holds, and how a hit is
+read (Embedding, a view of the agent's shared-memory file)."""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from .config import EmbeddingCacheKey
+from .errors import EmbcacheError, InvalidValue
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy
+    import torch
+
+try:  # optional: hits become arrays over the mapping
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised where numpy is absent
+    _np = None  # type: ignore[assignment]
+
+
+class Tensor(NamedTuple):
+    """A tensor without numpy: contiguous little-endian bytes."""
+
+    data: Any  # bytes-like
+    dtype: str  # float32, float16, bfloat16, float64, int8, uint8, int16, int32, int64, bool
+    shape: Sequence[int]
+
+
+class Tokens(NamedTuple):
+    """A token-id value (codec tokens of a voice reference, say)."""
+
+    ids: Sequence[int]
+
+
+class HiddenPrefix(NamedTuple):
+    """Token ids and the hidden states of their prefix (a numpy array,
+    torch tensor or Tensor)."""
+
+    tokens: Sequence[int]
+    hidden: Any
+
+
+Value = Union[Tensor, Tokens, HiddenPrefix, Any]  # or a numpy array or torch tensor
+
+_NUMPY_DTYPES = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int8": "i1", "uint8": "u1",
+                 "int16": "<i2", "int32": "<i4", "int64": "<i8", "bool": "?", "bfloat16": "<u2"}
+_FROM_NUMPY = {"float32": "float32", "float16": "float16", "float64": "float64", "int8": "int8", "uint8": "uint8",
+               "int16": "int16", "int32": "int32", "int64": "int64", "bool": "bool"}
+_MAX_TOKEN = (1 << 32) - 1
+
+
+class Parts(NamedTuple):
+    """What a commit sends: kind, tensor bytes (in a slot), dtype, shape,
+    tokens."""
+
+    kind: str
+    data: Any  # bytes-like
+    dtype: str
+    shape: Tuple[int, ...]
+    tokens: List[int]
+
+
+def parts_of(value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> Parts:
+    """The parts of a value; InvalidValue for one the cache cannot hold."""
+    if isinstance(value, Tokens):
+        return Parts("tokens", b"", "", (), _token_list(value.ids))
+    if isinstance(value, HiddenPrefix):
+        data, dt, sh = tensor_parts(value.hidden, dtype, shape)
+        return Parts("hidden-prefix", data, dt, sh, _token_list(value.tokens))
+    data, dt, sh = tensor_parts(value, dtype, shape)
+    return Parts("tensor", data, dt, sh, [])
+
+
+def _token_list(ids: Sequence[int]) -> List[int]:
+    try:
+        out = [int(t) for t in ids]
+    except (TypeError, ValueError) as e:
+        raise InvalidValue(f"token ids: {e}") from e
+    if any(t < 0 or t > _MAX_TOKEN for t in out):
+        raise InvalidValue("token ids must be in [0, 2**32)")
+    return out
+
+
+def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]]) -> Tuple[Any, str, Tuple[int, ...]]:
+    """(bytes-like, dtype name, shape) of a numpy array, torch tensor or
+    Tensor (or bytes, with dtype and shape)."""
+    if isinstance(value, Tensor):
+        return value.data, value.dtype, tuple(int(d) for d in value.shape)
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        t = value.detach().contiguous().cpu()
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().data, "bfloat16", tuple(t.shape)
+        if name not in _NUMPY_DTYPES:
+            raise InvalidValue(f"torch dtype {t.dtype} has no embcache name")
+        return t.numpy().data, name, tuple(t.shape)
+    if _np is not None and isinstance(value, _np.ndarray):
+        a = _np.ascontiguousarray(value)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        np_name = dtype or _FROM_NUMPY.get(a.dtype.name)
+        if np_name is None:
+            raise InvalidValue(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
+        return a.data, np_name, tuple(shape) if shape is not None else tuple(a.shape)
+    if isinstance(value, (bytes, bytearray, memoryview)) and dtype is not None and shape is not None:
+        return value, dtype, tuple(shape)
+    raise InvalidValue(f"a value of type {type(value).__name__}: want a numpy array, a torch tensor, Tensor, "
+                       "Tokens or HiddenPrefix (or bytes with dtype= and shape=)")
+
+
+class Mappings:
+    """The agent's files this process has mapped, by path and checksum. A hit
+    of a value already mapped takes a new view of the same pages instead of
+    mapping the file again: the checksum names the bytes, so the pages are
+    the value's even if the file has since been unlinked. Bounded by mapped
+    bytes; a mapping the bound drops is unmapped when its last view goes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lru: "collections.OrderedDict[str, Tuple[mmap.mmap, str]]" = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        """In a forked child: the mappings stay valid (a child inherits its
+        parent's mappings), but a thread of the parent may have held the
+        lock at fork(), and no thread of the child would ever release it."""
+        self._lock = threading.Lock()
+
+    def get(self, file: str, checksum: str, need: int) -> mmap.mmap:
+        with self._lock:
+            hit = self._lru.get(file)
+            if hit is not None and hit[1] == checksum and len(hit[0]) >= need:
+                self._lru.move_to_end(file)
+                return hit[0]
+        mm = map_file(file, need, mmap.ACCESS_READ)
+        size = len(mm)
+        with self._lock:
+            old = self._lru.pop(file, None)
+            if old is not None:
+                self._bytes -= len(old[0])
+            if self.max_bytes > 0:
+                self._lru[file] = (mm, checksum)
+                self._bytes += size
+            while self._bytes > self.max_bytes and self._lru:
+                _, (dropped, _) = self._lru.popitem(last=False)
+                self._bytes -= len(dropped)  # unmapped by its last reference
+        return mm
+
+
+def map_file(file: str, need: int, access: int) -> mmap.mmap:
+    """Maps the whole of file (at least need bytes long)."""
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if need > size:
+            raise EmbcacheError(f"hit needs {need} bytes of {file}, which has {size}")
+        if size == 0:
+            raise EmbcacheError(f"hit file {file} is empty")
+        return mmap.mmap(fd, size, access=access)
+    finally:
+        os.close(fd)
+
+
+class Embedding:
+    """A hit: the value's tensor data mapped read-only from the agent's
+    shared-memory file, without a copy. It stays valid while this object is
+    open (the mapping outlives the file); the request's pin, until
+    cleanup_request, keeps the value in the cache."""
+
+    def __init__(self, key: EmbeddingCacheKey, value: Dict[str, Any], path: str, mappings: Optional[Mappings] = None):
+        self.key = key
+        self.path = path  # how the agent got it: local-hit, remote-hit, waited, computed, ...
+        self.file: str = value["file"]
+        self.dtype: str = value.get("dtype", "")
+        self.shape: Tuple[int, ...] = tuple(value.get("shape") or ())
+        self.kind: str = value["kind"]
+        self.tokens: Tuple[int, ...] = tuple(value.get("tokens") or ())
+        self.checksum: str = value["checksum"]
+        offset, length = int(value["offset"]), int(value["length"])
+        if offset < 0 or length < 0:
+            raise EmbcacheError(f"hit [{offset}, +{length}) of {self.file}")
+        self._offset, self._length = offset, length
+        self._mmap: Optional[mmap.mmap] = (mappings or Mappings(0)).get(self.file, self.checksum, offset + length)
+        whole = memoryview(self._mmap)
+        self.buffer: memoryview = whole[offset:offset + length]  # read-only
+        self._views = [whole, self.buffer]
+
+    def numpy(self) -> "numpy.ndarray[Any, Any]":
+        """A read-only numpy array over the mapping (no copy). bfloat16,
+        which numpy lacks, comes back as uint16."""
+        if _np is None:
+            raise EmbcacheError("numpy is not installed")
+        arr = _np.frombuffer(self.buffer, dtype=_np.dtype(_NUMPY_DTYPES[self.dtype]))
+        return arr.reshape(self.shape) if self.shape else arr
+
+    def torch(self, clone: bool = False) -> "torch.Tensor":
+        """A torch tensor of the value. torch has no read-only tensors, so
+        the tensor lies over a private copy-on-write mapping of the file:
+        no copy is made to read it, and a write changes only this tensor's
+        pages (copied by the kernel as they are written), never the cache's
+        value nor another view of it. clone=True returns an ordinary copy
+        instead. If the file is already gone (the request's pin released,
+        the value evicted), the tensor is a copy."""
+        import torch
+
+        data: Any
+        if clone or self._length == 0:
+            data = bytearray(self.buffer)
+        else:
+            try:
+                private = map_file(self.file, self._offset + self._length, mmap.ACCESS_COPY)
+                data = memoryview(private)[self._offset:self._offset + self._length]
+            except (OSError, EmbcacheError):
+                data = bytearray(self.buffer)
+        if len(data) == 0:
+            t = torch.empty(0, dtype=getattr(torch, self.dtype))
+        elif self.dtype == "bfloat16":
+            t = torch.frombuffer(data, dtype=torch.int16).view(torch.bfloat16)
+        else:
+            t = torch.frombuffer(data, dtype=getattr(torch, self.dtype))
+        return t.reshape(self.shape)
+
+    def tobytes(self) -> bytes:
+        """A copy of the tensor data."""
+        return self.buffer.tobytes()
+
+    def close(self) -> None:
+        """Releases this view. The mapping may serve later hits of the same
+        value; it is unmapped once the client drops it and no view is left.
+        Arrays from numpy() keep the pages mapped while they live."""
+        for v in reversed(self._views):
+            try:
+                v.release()
+            except (BufferError, ValueError):  # still exported (an array over it): freed with it
+                pass
+        self._views = []
+        self._mmap = None
+
+    def __enter__(self) -> "Embedding":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Embedding({self.key}, {self.kind} {self.dtype}{list(self.shape)}, {self.path})"
+

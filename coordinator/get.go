@@ -1,0 +1,81 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/embcache/embcache/payload"
+)
+
+// Get returns ref's value if it is cached, in this process or committed
+// anywhere in the cluster, pinned for req until Release(req). Unlike
+// GetOrCompute it never reserves the key and never waits for a compute: a
+// key that is computing elsewhere, or not cached, is ErrNotCached at once,
+// so a caller that only looks does not hold up the process that will
+// compute it. A committed value that cannot be pulled is ErrNotCached too
+// (counted and logged; GetOrCompute recomputes it).
+func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
+	if err := c.validate(ref); err != nil {
+		return nil, 0, err
+	}
+	obj := ref.Object()
+	v, ok, err := c.local.Get(req, obj)
+	if err != nil {
+		return nil, 0, err
+	}
+	if ok {
+		c.stats.localHits.Add(1)
+		if l := c.eventLink(); l != nil {
+			l.touched(obj)
+		}
+		return v, PathLocalHit, nil
+	}
+	ls, _ := c.handles()
+	if ls == nil {
+		return nil, 0, ErrStoreUnavailable
+	}
+	octx, cancel := c.opContext(ctx)
+	cur, err := ls.read(octx, ref.KVKey())
+	cancel()
+	if errors.Is(err, ErrBadRecord) {
+		c.stats.badRecords.Add(1)
+		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	if !cur.live || cur.record.State != StateCommitted {
+		return nil, 0, ErrNotCached
+	}
+	// Through the local flight, so that concurrent gets and lookups of the
+	// key share one pull.
+	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+		return c.pull(cctx, ref, cur.record)
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
+	}
+	return v, PathRemoteHit, nil
+}
+
+// pull fetches a committed record's value through the payload plane
+// (checksum verified), counting it; an error is counted and logged.
+func (c *Cache) pull(ctx context.Context, ref Ref, rec Record) (*payload.Value, error) {
+	start := time.Now()
+	v, err := c.router.get(ctx, *rec.Location)
+	if err != nil {
+		c.stats.payloadErrors.Add(1)
+		c.s.logger.Warn("embcache: committed payload unreadable", "key", ref.KVKey(),
+			"location", rec.Location.Object, "node", rec.Location.Node, "err", err)
+		return nil, err
+	}
+	c.stats.remoteHits.Add(1)
+	c.tel.pullBytes.Add(ctx, rec.Location.Size)
+	c.tel.pullTime.Record(ctx, time.Since(start).Seconds())
+	if l := c.eventLink(); l != nil {
+		l.published(ref, *rec.Location, rec.Expires, false)
+	}
+	return v, nil
+}

@@ -1,0 +1,28 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+)
+
+// storeReachable reports whether the bucket is open and the connection is
+// up. The bucket stays open across reconnects, so the first alone would
+// say yes while the server is gone.
+func (c *Cache) storeReachable() bool {
+	ls, _ := c.handles()
+	return ls != nil && c.nc.IsConnected()
+}
+
+// Ping reports whether the store is usable now: the bucket is open, the
+// connection is up, and the server answers a round trip before ctx ends
+// (ctx must carry a deadline). The round trip is what notices a server
+// gone without closing the connection.
+func (c *Cache) Ping(ctx context.Context) error {
+	if !c.storeReachable() {
+		return fmt.Errorf("%w: %s: not connected", ErrStoreUnavailable, serverNames(c.nc))
+	}
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(c.nc), err)
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/httppull"
+	"github.com/embcache/embcache/payload/shm"
+)
+
+// shmNode is a node wired as cmd/embcache wires one with --payload-listen:
+// an shm store, served over httppull.
+type shmNode struct {
+	name  string
+	store *shm.Store
+	tr    *httppull.Transport
+	srv   *httptest.Server
+}
+
+func newShmNode(t *testing.T, name string, opts ...shm.Option) *shmNode {
+	t.Helper()
+	store, err := shm.Open(filepath.Join(t.TempDir(), "shm"), append(opts, shm.WithNode(name))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httppull.NewServer(store))
+	t.Cleanup(srv.Close)
+	tr, err := httppull.NewTransport(name, srv.URL, store, httppull.WithHTTPClient(srv.Client()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Client().CloseIdleConnections)
+	return &shmNode{name: name, store: store, tr: tr, srv: srv}
+}
+
+// cache is a process of the node.
+func (n *shmNode) cache(t *testing.T, url string, opts ...Option) *Cache {
+	t.Helper()
+	c, err := New(context.Background(), connect(t, url), append([]Option{WithNode(n.name), WithShm(n.store),
+		WithTransport(payload.TransportHTTP, n.tr), WithGetter(payload.TransportShm, n.store),
+		WithLeaseTTL(time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// fileOf returns the bytes of obj's file in the node's store, or nil.
+func (n *shmNode) fileOf(obj payload.ObjectID) []byte {
+	b, _ := os.ReadFile(n.store.Path(obj))
+	return b
+}
+
+// storedFile is what an shm store keeps for v: its encoding and checksum.
+func storedFile(v *payload.Value) []byte {
+	enc, _ := payload.Encode(v)
+	sum, _ := payload.Sum(v)
+	return append(enc, sum[:]...)
+}
+
+func noCompute(t *testing.T) ComputeFunc {
+	return func(context.Context) (*payload.Value, error) {
+		t.Error("computed a value committed elsewhere")
+		return nil, errors.New("no compute")
+	}
+}
+
+// TestPullToShm: a value committed on another node lands in this node's
+// store, and a later process of this node reads it from there without a
+// pull.
+func TestPullToShm(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	a, b := newShmNode(t, "a"), newShmNode(t, "b")
+	var n counter
+	if _, err := a.cache(t, url).GetOrCompute(ctx, "r", ref(1), n.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	b1 := b.cache(t, url, WithPullToShm())
+	v, path, err := b1.GetOrComputePath(ctx, "r", ref(1), noCompute(t))
+	if err != nil || path != PathRemoteHit {
+		t.Fatalf("%v %v", path, err)
+	}
+	sameValue(t, v, 1)
+	if !bytes.Equal(b.fileOf(ref(1).Object()), storedFile(embedding(1))) {
+		t.Fatal("the pulled value is not in b's store")
+	}
+	a.srv.Close() // nothing more to pull from
+	b2 := b.cache(t, url, WithPullToShm())
+	v, path, err = b2.GetOrComputePath(ctx, "r", ref(1), noCompute(t))
+	if err != nil || path != PathRemoteHit {
+		t.Fatalf("second process of b: %v %v", path, err)
+	}
+	sameValue(t, v, 1)
+	if s := b2.Stats(); s.RemoteHits != 1 || s.PayloadErrors != 0 {
+		t.Fatalf("second process of b: %+v", s)
+	}
+}
+
+// TestPullToShmRefusesCorruptPayload: bytes that are not the committed
+// value are never a value, and never a file of the store: the pull fails,
+// and the key is recomputed.
+func TestPullToShmRefusesCorruptPayload(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	a, b := newShmNode(t, "a"), newShmNode(t, "b")
+	var n counter
+	if _, err := a.cache(t, url).GetOrCompute(ctx, "r", ref(2), n.fn(2)); err != nil {
+		t.Fatal(err)
+	}
+	// Flip a data byte of a's file; its trailer, served as the checksum, stays.
+	path := a.store.Path(ref(2).Object())
+	os.Chmod(path, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0xff}, 200)
+	f.Close()
+
+	bc := b.cache(t, url, WithPullToShm())
+	var recomputed bool
+	v, p, err := bc.GetOrComputePath(ctx, "r", ref(2), func(context.Context) (*payload.Value, error) {
+		if got := b.fileOf(ref(2).Object()); got != nil {
+			t.Error("the corrupt payload was kept in b's store")
+		}
+		recomputed = true
+		return embedding(2), nil
+	})
+	if err != nil || p != PathComputed || !recomputed {
+		t.Fatalf("%v %v", p, err)
+	}
+	sameValue(t, v, 2)
+	if s := bc.Stats(); s.PayloadErrors != 1 || s.RemoteHits != 0 {
+		t.Fatalf("%+v", s)
+	}
+	if tmps, _ := os.ReadDir(filepath.Join(b.store.Dir(), ".tmp")); len(tmps) != 0 {
+		t.Fatalf("%d temp files left", len(tmps))
+	}
+}
+
+// TestPullToShmFallsBack: a store without room, or holding another value
+// under the name, does not stop the pull: the value is pulled into memory.
+func TestPullToShmFallsBack(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	a := newShmNode(t, "a")
+	var n counter
+	ac := a.cache(t, url)
+	for i := 3; i <= 4; i++ {
+		if _, err := ac.GetOrCompute(ctx, "r", ref(i), n.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	full := newShmNode(t, "b", shm.WithMaxBytes(1000))
+	v, path, err := full.cache(t, url, WithPullToShm()).GetOrComputePath(ctx, "r", ref(3), noCompute(t))
+	if err != nil || path != PathRemoteHit {
+		t.Fatalf("no room: %v %v", path, err)
+	}
+	sameValue(t, v, 3)
+	if full.fileOf(ref(3).Object()) != nil || full.store.Used() != 0 {
+		t.Fatal("no room, yet a file")
+	}
+
+	taken := newShmNode(t, "c")
+	if _, err := taken.store.Put(ctx, ref(4).Object(), embedding(9)); err != nil {
+		t.Fatal(err)
+	}
+	v, path, err = taken.cache(t, url, WithPullToShm()).GetOrComputePath(ctx, "r", ref(4), noCompute(t))
+	if err != nil || path != PathRemoteHit {
+		t.Fatalf("name taken: %v %v", path, err)
+	}
+	sameValue(t, v, 4)
+	if !bytes.Equal(taken.fileOf(ref(4).Object()), storedFile(embedding(9))) {
+		t.Fatal("the file under the name changed")
+	}
+}
+
+func TestPullToShmNeedsShm(t *testing.T) {
+	url := startServer(t).ClientURL()
+	if _, err := New(context.Background(), connect(t, url), WithPullToShm()); !errors.Is(err, ErrInvalidOption) {
+		t.Fatalf("without WithShm: %v", err)
+	}
+}
