@@ -66,6 +66,11 @@ type LookupResponse struct {
 	Path        string `json:"path,omitempty"` // how the agent got it: local-hit, remote-hit, waited, computed, ...
 	Value       *Hit   `json:"value,omitempty"`
 	Reservation string `json:"reservation,omitempty"` // granted (reserved) or, in a commit's answer, committed
+	// SlotFile (reserved) is a path the client may create, write the value
+	// into and commit with Slot set to the reservation: a slot without a
+	// call of its own (POST /v1/slot). The agent removes it if the
+	// reservation ends without a commit.
+	SlotFile string `json:"slot_file,omitempty"`
 	KeyRef             // the key looked up or committed
 	Client      string `json:"client"`
 	RequestID   string `json:"request_id"`
@@ -83,6 +88,12 @@ type Hit struct {
 	Shape    []int64  `json:"shape"`
 	Tokens   []uint32 `json:"tokens,omitempty"`
 	Checksum string   `json:"checksum"` // BLAKE3 of the encoding, verified by the agent
+}
+
+// KeySlotRequest asks for a connection's key slot: a file the client
+// writes key inputs into (POST /v1/key/bytes?slot=...).
+type KeySlotRequest struct {
+	Size int64 `json:"size"`
 }
 
 // SlotRequest asks for a file to write a computed tensor into.
@@ -146,6 +157,7 @@ type AgentStats struct {
 	Hits         uint64 `json:"hits"`
 	Reserved     uint64 `json:"reserved"`
 	Commits      uint64 `json:"commits"`
+	LateCommits  uint64 `json:"late_commits"` // accepted as their reservation ended: dropped
 	Abandons     uint64 `json:"abandons"`
 	Disconnects  uint64 `json:"disconnect_cleanups"` // connections closed holding pins, reservations or slots
 	BadRequests  uint64 `json:"bad_requests"`

@@ -1,12 +1,16 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/agent"
+	"github.com/embcache/embcache/cachekey"
 )
 
 // BenchmarkLookupHit: a hit of an 8 MiB value through the socket, from a Go
@@ -80,4 +84,47 @@ func committed8MiB(b *testing.B) (*agent.Client, agent.KeyRef) {
 		b.Fatal(err)
 	}
 	return c, ref
+}
+
+// BenchmarkKeyBytes: the key of an input sent as it is (POST
+// /v1/key/bytes) from a Go client, against keying the same bytes in memory
+// (the floor: one BLAKE3 pass), alternated in the same run.
+func BenchmarkKeyBytes(b *testing.B) {
+	n := startNode(b, startServer(b).ClientURL(), "n1")
+	c := client(b, n)
+	ctx := context.Background()
+	var cfg cachekey.PreprocessingConfig
+	if err := json.Unmarshal(testConfig(), &cfg); err != nil {
+		b.Fatal(err)
+	}
+	keyer, err := cachekey.NewKeyer(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int{200 << 10, 2 << 20, 8 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			data := bytes.Repeat([]byte{1, 2, 3, 4, 5, 6, 7, 8}, size/8)
+			var sent, floor []time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				got, err := c.KeyBytes(ctx, testConfig(), "raw-bytes", "", nil, bytes.NewReader(data))
+				sent = append(sent, time.Since(t0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				t0 = time.Now()
+				want, _ := keyer.RawBytes(data)
+				floor = append(floor, time.Since(t0))
+				if got.Key != want.String() {
+					b.Fatalf("key %s, want %s", got.Key, want)
+				}
+			}
+			slices.Sort(sent)
+			slices.Sort(floor)
+			p50 := func(d []time.Duration) float64 { return float64(d[len(d)/2].Microseconds()) }
+			b.ReportMetric(p50(sent), "us-sent-p50")
+			b.ReportMetric(p50(floor), "us-floor-p50")
+			b.ReportMetric(p50(sent)/p50(floor), "x-floor")
+		})
+	}
 }

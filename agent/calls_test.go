@@ -3,7 +3,12 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -208,4 +213,137 @@ func TestPinsBelongToTheClient(t *testing.T) {
 	if released, err := third.Release(ctx, "req2"); err != nil || released != 0 {
 		t.Fatalf("after the client's last connection closed: released %d, %v; want 0", released, err)
 	}
+}
+
+// TestKeySlot: an input written into the connection's key slot is keyed
+// where it lies, with the key of the same bytes sent as a body; another
+// connection cannot name it; the slot's file goes with its connection.
+func TestKeySlot(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	ctx := context.Background()
+	hc := httpClient(t, n.socket) // one connection: the slot is its own
+	st, _, body := call(t, hc, "/v1/key/slot", "s.1", agent.KeySlotRequest{Size: 3 << 20})
+	var slot agent.SlotResponse
+	if err := json.Unmarshal(body, &slot); st != 200 || err != nil {
+		t.Fatalf("key slot: %d %s", st, body)
+	}
+	keyIn := func(hc *http.Client, query string) (int, agent.KeyResponse) {
+		req, _ := http.NewRequest(http.MethodPost, "http://agent/v1/key/bytes?"+query, nil)
+		req.Header.Set(agent.ConfigHeader, string(testConfig()))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var k agent.KeyResponse
+		json.NewDecoder(resp.Body).Decode(&k)
+		return resp.StatusCode, k
+	}
+	for _, size := range []int{0, 5, 2 << 20, 3 << 20} {
+		data := bytes.Repeat([]byte{9, 8, 7, 6}, size/4+1)[:size]
+		writeAt(t, slot.File, data)
+		want, err := c.KeyBytes(ctx, testConfig(), "raw-bytes", "", nil, bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, got := keyIn(hc, fmt.Sprintf("mode=raw-bytes&slot=%s&length=%d", slot.Slot, size))
+		if st != 200 || got.KeyRef != want.KeyRef {
+			t.Fatalf("%d bytes in the slot: %d %+v, want %+v", size, st, got, want)
+		}
+		if size%4 == 0 {
+			want, _ := c.KeyBytes(ctx, testConfig(), "decoded-tensor", "int32", []int64{int64(size / 4)}, bytes.NewReader(data))
+			st, got := keyIn(hc, fmt.Sprintf("mode=decoded-tensor&dtype=int32&shape=%d&slot=%s&length=%d", size/4, slot.Slot, size))
+			if st != 200 || got.KeyRef != want.KeyRef {
+				t.Fatalf("tensor of %d bytes in the slot: %d %+v, want %+v", size, st, got, want)
+			}
+		}
+	}
+	if st, _ := keyIn(hc, fmt.Sprintf("mode=raw-bytes&slot=%s&length=%d", slot.Slot, 3<<20+1)); st != 400 {
+		t.Errorf("a length past the slot: %d, want 400", st)
+	}
+	// A client that cuts the file short under the agent's mapping gets an
+	// error (the read faults), and the agent lives on.
+	if err := os.Truncate(slot.File, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := keyIn(hc, fmt.Sprintf("mode=raw-bytes&slot=%s&length=%d", slot.Slot, 2<<20)); st != 400 {
+		t.Errorf("a slot cut short: %d, want 400", st)
+	}
+	if _, err := c.KeyBytes(ctx, testConfig(), "raw-bytes", "", nil, strings.NewReader("alive")); err != nil {
+		t.Fatalf("the agent after a fault: %v", err)
+	}
+	other := httpClient(t, n.socket)
+	if st, _ := keyIn(other, fmt.Sprintf("mode=raw-bytes&slot=%s&length=1", slot.Slot)); st != 400 {
+		t.Errorf("another connection's slot: %d, want 400", st)
+	}
+	hc.CloseIdleConnections()
+	waitFor(t, func() bool { _, err := os.Stat(slot.File); return os.IsNotExist(err) })
+}
+
+// writeAt writes data at the start of file without truncating it, as a
+// client writing through its mapping does.
+func writeAt(t *testing.T, file string, data []byte) {
+	t.Helper()
+	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClientMadeSlot: a reservation's answer names a slot file the client
+// makes itself (no slot call); a commit of it is the value; a link there is
+// refused; a reservation that ends without a commit takes the file away.
+func TestClientMadeSlot(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	ctx := context.Background()
+	ref := keyOf(t, c, "client-made slot")
+	r, err := c.Lookup(ctx, ref, "r")
+	if err != nil || r.Status != agent.StatusReserved || r.SlotFile == "" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	want := []byte("written by the client")
+	if err := os.WriteFile(r.SlotFile, want, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	var done agent.LookupResponse
+	if err := post(n.socket, "/v1/commit", agent.CommitRequest{Reservation: r.Reservation, Client: c.ID, RequestID: "r",
+		DType: "uint8", Shape: []int64{int64(len(want))}, Slot: r.Reservation}, &done); err != nil || done.Status != agent.StatusAccepted {
+		t.Fatalf("commit: %+v %v", done, err)
+	}
+	hit, err := c.Lookup(ctx, ref, "r")
+	if err != nil || hit.Status != agent.StatusHit || !bytes.Equal(mapped(t, hit.Value), want) {
+		t.Fatalf("%+v %v", hit, err)
+	}
+
+	// A link at the slot's path is not followed.
+	ref2 := keyOf(t, c, "linked slot")
+	r2, err := c.Lookup(ctx, ref2, "r")
+	if err != nil || r2.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", r2, err)
+	}
+	secret := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secret, []byte("not yours"), 0o600)
+	if err := os.Symlink(secret, r2.SlotFile); err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *agent.APIError
+	err = post(n.socket, "/v1/commit", agent.CommitRequest{Reservation: r2.Reservation, Client: c.ID, RequestID: "r",
+		DType: "uint8", Shape: []int64{9}, Slot: r2.Reservation}, &done)
+	if !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("commit of a link: %v, want a 400", err)
+	}
+	// The reservation is still the client's: it abandons, and the path goes.
+	if err := c.Abandon(ctx, r2.Reservation, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(r2.SlotFile); !os.IsNotExist(err) {
+		t.Fatalf("slot path after the reservation ended: %v", err)
+	}
+	c.Release(ctx, "r")
 }

@@ -3,6 +3,8 @@ package agent
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
@@ -36,8 +38,11 @@ func (s *Server) keyerOf(config string) (*cachekey.Keyer, error) {
 // handleKeyBytes answers POST /v1/key/bytes?mode=raw-bytes (or
 // mode=decoded-tensor&dtype=D&shape=A,B,...): the key of the body's bytes
 // under the config in ConfigHeader. The body is streamed through BLAKE3 as
-// it arrives, in bounded memory whatever its size: no base64, no JSON, no
-// copy of the input.
+// it arrives, in bounded memory whatever its size: no base64, no JSON. With
+// &slot=NAME&length=N the input is instead the first N bytes of the
+// connection's key slot (POST /v1/key/slot), hashed where it lies: one copy
+// in all (the client's into shared memory), where a body costs two through
+// the kernel.
 func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 	bad := func(format string, args ...any) {
 		s.fail(w, fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...)))
@@ -54,10 +59,26 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	mode := q.Get("mode")
+	// The input is the body, or the first length bytes of the connection's
+	// key slot (a shared-memory file the client wrote it into).
+	var input []byte
+	fromSlot := q.Has("slot")
+	if fromSlot {
+		var release func()
+		if input, release, err = sessionOf(r).keySlotBytes(q.Get("slot"), q.Get("length")); err != nil {
+			bad("%v", err)
+			return
+		}
+		defer release()
+	}
 	var k cachekey.Key
 	switch mode {
 	case cachekey.ModeRawBytes.String():
-		k, err = keyer.RawBytesFrom(r.Body)
+		if fromSlot {
+			err = guardFaults(func() { k, err = keyer.RawBytes(input) })
+		} else {
+			k, err = keyer.RawBytesFrom(r.Body)
+		}
 	case cachekey.ModeTensor.String():
 		var dt cachekey.DType
 		var shape []int64
@@ -69,7 +90,11 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 			bad("shape: %v", err)
 			return
 		}
-		k, err = keyer.TensorFrom(dt, shape, r.Body)
+		if fromSlot {
+			err = guardFaults(func() { k, err = keyer.Tensor(cachekey.Tensor{DType: dt, Shape: shape, Data: input}) })
+		} else {
+			k, err = keyer.TensorFrom(dt, shape, r.Body)
+		}
 	default:
 		bad("mode %q: want %s or %s (tokens are keyed by POST /v1/key)", mode, cachekey.ModeRawBytes, cachekey.ModeTensor)
 		return
@@ -97,4 +122,45 @@ func parseShape(s string) ([]int64, error) {
 		shape[i] = d
 	}
 	return shape, nil
+}
+
+// handleKeySlot answers POST /v1/key/slot {"size"}: a shared-memory file of
+// size bytes for this connection's key inputs, replacing its previous one.
+// It lives as long as the connection.
+func (s *Server) handleKeySlot(w http.ResponseWriter, r *http.Request) {
+	var req KeySlotRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if req.Size <= 0 || req.Size > s.maxBody {
+		s.fail(w, fmt.Errorf("%w: key slot size %d out of [1, %d]", ErrBadRequest, req.Size, s.maxBody))
+		return
+	}
+	name := randomID()
+	path := filepath.Join(s.slotDir, "key-"+name)
+	m, err := createKeySlot(path, req.Size)
+	if err != nil {
+		s.fail(w, fmt.Errorf("agent: creating key slot: %w", err))
+		return
+	}
+	if !sessionOf(r).setKeySlot(name, m) {
+		m.close()
+		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
+		return
+	}
+	reply(w, SlotResponse{Slot: name, File: path, Size: req.Size})
+}
+
+// guardFaults runs fn, which reads a mapping of a file a client can write:
+// if the client truncated the file under it, the read faults (SIGBUS), and
+// that is an error for this call, not the end of the agent.
+func guardFaults(fn func()) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the key slot's file was cut short while it was read: %v", r)
+		}
+	}()
+	fn()
+	return nil
 }

@@ -69,8 +69,8 @@ type Server struct {
 
 	stored *lru.Cache[payload.ObjectID, storedFile] // what hit last found in the store
 
-	lookups, hits, reserved, commits, abandons, disconnects, badRequests atomic.Uint64
-	connections                                                          atomic.Int64
+	lookups, hits, reserved, commits, lateCommits, abandons, disconnects, badRequests atomic.Uint64
+	connections                                                                       atomic.Int64
 }
 
 // storedFile is a file of the store as hit last saw it.
@@ -128,6 +128,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/key", s.handleKey)
 	mux.HandleFunc("POST /v1/key/bytes", s.handleKeyBytes)
+	mux.HandleFunc("POST /v1/key/slot", s.handleKeySlot)
 	mux.HandleFunc("POST /v1/lookup", s.handleLookup)
 	mux.HandleFunc("POST /v1/get", s.handleGet)
 	mux.HandleFunc("POST /v1/slot", s.handleSlot)
@@ -187,7 +188,8 @@ func (s *Server) Stats() Stats {
 	return Stats{Cache: s.cache.Stats(), Agent: AgentStats{
 		Connections: int(s.connections.Load()), Reservations: open, Slots: slots,
 		Lookups: s.lookups.Load(), Hits: s.hits.Load(), Reserved: s.reserved.Load(), Commits: s.commits.Load(),
-		Abandons: s.abandons.Load(), Disconnects: s.disconnects.Load(), BadRequests: s.badRequests.Load()}}
+		Abandons: s.abandons.Load(), Disconnects: s.disconnects.Load(), BadRequests: s.badRequests.Load(),
+		LateCommits: s.lateCommits.Load()}}
 }
 
 // echoCall copies the request's CallHeader into the answer before any
@@ -331,7 +333,7 @@ func (s *Server) lookup(ctx context.Context, sess *session, client, requestID st
 		select {
 		case res := <-reserved:
 			s.reserved.Add(1)
-			return LookupResponse{Status: StatusReserved, Reservation: res.id}, nil
+			return LookupResponse{Status: StatusReserved, Reservation: res.id, SlotFile: res.slotFile()}, nil
 		case o := <-done:
 			if errors.Is(o.err, ErrReservationEnded) {
 				continue // another client of this agent gave the key up: try again
@@ -431,19 +433,32 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	if !res.deliver(v, nil) {
+	if !res.open() {
 		v.Close()
 		_, err := s.reservation(res.id)
 		s.fail(w, err)
 		return
 	}
-	s.commits.Add(1)
-	// The compute returns v now, and the coordinator checksums, stores and
-	// commits it while the client goes on: the client has its value (it
-	// wrote it), and a commit that fails is the coordinator's to count and
-	// log; other processes then compute the key again.
+	// The answer goes out before the value is handed over: the coordinator
+	// then checksums, stores and commits it while the client goes on (it
+	// has its value: it wrote it). Handing it over first would wake that
+	// work before the answer is written, and on a small machine the client
+	// would wait for a core while the value is hashed. A commit that fails
+	// from here is the coordinator's to count and log (other processes then
+	// compute the key again), and so is the rare reservation that ends
+	// between the check above and the hand-over (counted, logged).
 	reply(w, LookupResponse{Status: StatusAccepted, Reservation: res.id, KeyRef: keyRefOf(res.ref),
 		Client: req.Client, RequestID: req.RequestID})
+	http.NewResponseController(w).Flush()
+	if !res.deliver(v, nil) {
+		v.Close()
+		s.lateCommits.Add(1)
+		_, err := s.reservation(res.id)
+		s.logger.Warn("embcache agent: a commit was answered as its reservation ended; the value is dropped",
+			"key", res.ref.String(), "err", err)
+		return
+	}
+	s.commits.Add(1)
 }
 
 // valueOf builds the committed value from a slot (mapped, not copied) or
@@ -465,6 +480,9 @@ func (s *Server) valueOf(res *reservation, req CommitRequest) (*payload.Value, e
 	data, release := req.Data, func() error { return nil }
 	if req.Slot != "" {
 		path, ok := res.takeSlot(req.Slot)
+		if !ok && req.Slot == res.id { // the file the lookup's answer named, made by the client
+			path, ok = res.slotFile(), true
+		}
 		if !ok {
 			return nil, bad("unknown slot %q for this reservation", req.Slot)
 		}

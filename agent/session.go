@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -24,6 +26,59 @@ type session struct {
 	ended   bool
 	clients map[string]struct{}     // the clients this connection called for
 	res     map[string]*reservation // open reservations
+
+	// The connection's key slot. Only the connection's own calls use it,
+	// one at a time (HTTP/1.1); keyMu keeps end (which a Shutdown may call
+	// while a call still runs) from unmapping it under a hash.
+	keyMu       sync.RWMutex
+	keySlotName string
+	keySlot     slotMapping
+}
+
+// setKeySlot makes m the connection's key slot, closing the one before;
+// false if the connection has ended.
+func (se *session) setKeySlot(name string, m slotMapping) bool {
+	se.keyMu.Lock()
+	defer se.keyMu.Unlock()
+	se.mu.Lock()
+	ended := se.ended
+	se.mu.Unlock()
+	if ended {
+		return false
+	}
+	if se.keySlot.close != nil {
+		se.keySlot.close()
+	}
+	se.keySlotName, se.keySlot = name, m
+	return true
+}
+
+// keySlotBytes is the first length bytes of the key slot name, valid until
+// release is called.
+func (se *session) keySlotBytes(name, length string) (data []byte, release func(), err error) {
+	n, perr := strconv.ParseInt(length, 10, 64)
+	se.keyMu.RLock()
+	switch {
+	case se.keySlotName == "" || name != se.keySlotName:
+		err = fmt.Errorf("key slot %q is not this connection's", name)
+	case perr != nil || n < 0 || n > int64(len(se.keySlot.data)):
+		err = fmt.Errorf("key slot length %q: want 0 to %d", length, len(se.keySlot.data))
+	}
+	if err != nil {
+		se.keyMu.RUnlock()
+		return nil, nil, err
+	}
+	return se.keySlot.data[:n], se.keyMu.RUnlock, nil
+}
+
+// closeKeySlot unmaps and removes the key slot.
+func (se *session) closeKeySlot() {
+	se.keyMu.Lock()
+	defer se.keyMu.Unlock()
+	if se.keySlot.close != nil {
+		se.keySlot.close()
+	}
+	se.keySlotName, se.keySlot = "", slotMapping{}
 }
 
 // clientPins are the pins of one client (one process). They are kept while
@@ -90,6 +145,7 @@ func (se *session) end() {
 	clients, res := se.clients, se.res
 	se.clients, se.res = nil, nil
 	se.mu.Unlock()
+	se.closeKeySlot()
 	var pins []string
 	se.s.pinsMu.Lock()
 	for c := range clients {
@@ -196,6 +252,16 @@ func (s *Server) reservation(id string) (*reservation, error) {
 	return nil, ErrUnknownReservation
 }
 
+// slotFile is the path the client may create as the reservation's slot.
+func (r *reservation) slotFile() string { return filepath.Join(r.s.slotDir, r.id) }
+
+// open reports whether the reservation has not ended yet.
+func (r *reservation) open() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.ended
+}
+
 // deliver ends the reservation with a value or an error; only the first
 // call counts.
 func (r *reservation) deliver(v *payload.Value, err error) bool {
@@ -215,6 +281,9 @@ func (r *reservation) deliver(v *payload.Value, err error) bool {
 		for _, p := range r.slots { // slots no commit took
 			os.Remove(p)
 		}
+		// The slot the client may have made: a value mapped from it keeps
+		// its pages (the path is never reused: it is the reservation's id).
+		os.Remove(r.slotFile())
 		r.slots = nil
 		r.mu.Unlock()
 		if err != nil {
@@ -253,14 +322,20 @@ type slotMapping struct {
 }
 
 func mapSlot(path string) (slotMapping, error) {
-	f, err := os.Open(path)
+	// A client may make the slot file itself: never follow a link it put
+	// there, and map nothing but a regular file.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return slotMapping{}, fmt.Errorf("agent: slot: %w", err)
+		return slotMapping{}, fmt.Errorf("%w: slot: %v", ErrBadRequest, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
 		return slotMapping{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		os.Remove(path)
+		return slotMapping{}, fmt.Errorf("%w: slot %s is not a regular file", ErrBadRequest, path)
 	}
 	if fi.Size() == 0 {
 		os.Remove(path)
@@ -270,6 +345,35 @@ func mapSlot(path string) (slotMapping, error) {
 	if err != nil {
 		os.Remove(path)
 		return slotMapping{}, fmt.Errorf("agent: mapping slot: %w", err)
+	}
+	var once sync.Once
+	return slotMapping{data: data, close: func() error {
+		var err error
+		once.Do(func() {
+			err = syscall.Munmap(data)
+			os.Remove(path)
+		})
+		return err
+	}}, nil
+}
+
+// createKeySlot creates a file of size bytes at path, writable by the
+// socket's group, and maps it read-only for hashing. Its pages are
+// populated once here, not faulted in by every key.
+func createKeySlot(path string, size int64) (slotMapping, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+	if err != nil {
+		return slotMapping{}, err
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		os.Remove(path)
+		return slotMapping{}, err
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+	if err != nil {
+		os.Remove(path)
+		return slotMapping{}, err
 	}
 	var once sync.Once
 	return slotMapping{data: data, close: func() error {

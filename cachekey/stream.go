@@ -8,21 +8,83 @@ import (
 	"github.com/zeebo/blake3"
 )
 
-// copyBuffers hold the chunks a reader is hashed in: large enough that the
-// hasher's SIMD paths see whole batches of 1 KiB chunks.
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+// chunkSize is what a reader is hashed in: large enough that the hasher's
+// SIMD paths see whole batches of 1 KiB chunks.
+const chunkSize = 256 << 10
 
-// digestOf hashes r to its end; it holds one buffer, whatever r's size.
+var chunks = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+
+// chunk is one read: data, or the read's end (err, io.EOF at the end).
+type chunk struct {
+	buf *[]byte
+	n   int
+	err error
+}
+
+// digestOf hashes r to its end, in bounded memory (two chunks). An input
+// longer than a chunk is read on a second goroutine while this one hashes
+// what was read before: from a socket, the copy out of the kernel costs
+// about what the hash does, and they overlap on two cores.
 func digestOf(r io.Reader) (digest [digestSize]byte, n uint64, err error) {
 	h := blake3.New()
-	buf := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(buf)
-	m, err := io.CopyBuffer(h, r, *buf)
-	if err != nil {
+	first := chunks.Get().(*[]byte)
+	m, err := fill(r, *first)
+	h.Write((*first)[:m])
+	n = uint64(m)
+	chunks.Put(first)
+	switch err {
+	case io.EOF: // all of it fit in one chunk
+		h.Sum(digest[:0])
+		return digest, n, nil
+	case nil:
+	default:
 		return digest, 0, err
 	}
-	h.Sum(digest[:0])
-	return digest, uint64(m), nil
+	full := make(chan chunk, 1)
+	free := make(chan *[]byte, 2)
+	free <- chunks.Get().(*[]byte)
+	free <- chunks.Get().(*[]byte)
+	go func() { // ends at r's end or error, which the loop below always reads to
+		for {
+			b := <-free
+			m, err := fill(r, *b)
+			full <- chunk{b, m, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range full {
+		h.Write((*c.buf)[:c.n])
+		n += uint64(c.n)
+		if c.err == nil {
+			free <- c.buf
+			continue
+		}
+		chunks.Put(c.buf)
+		chunks.Put(<-free)
+		if c.err != io.EOF {
+			return digest, 0, c.err
+		}
+		h.Sum(digest[:0])
+		return digest, n, nil
+	}
+	panic("unreachable")
+}
+
+// fill reads into b until it is full (nil) or r ends (io.EOF) or fails.
+// Unlike io.ReadFull it tells a clean end from a reader's own
+// io.ErrUnexpectedEOF (a request body cut short).
+func fill(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // RawBytesFrom is RawBytes of everything r yields, read in bounded memory

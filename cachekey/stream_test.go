@@ -48,7 +48,12 @@ func TestTensorFromRefusesWrongLength(t *testing.T) {
 			t.Fatalf("%d bytes for 16: %v, want ErrInvalidInput", n, err)
 		}
 	}
-	if _, err := keyer.RawBytesFrom(iotest.ErrReader(io.ErrUnexpectedEOF)); !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("reader error: %v", err)
+	// A reader cut short (a request body whose connection closed) is an
+	// error, never the key of what arrived: before and after a chunk.
+	for _, n := range []int{10, chunkSize + 10, 3 * chunkSize} {
+		r := io.MultiReader(bytes.NewReader(make([]byte, n)), iotest.ErrReader(io.ErrUnexpectedEOF))
+		if _, err := keyer.RawBytesFrom(r); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("reader cut short after %d bytes: %v", n, err)
+		}
 	}
 }

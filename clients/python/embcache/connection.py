@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import threading
@@ -14,6 +15,8 @@ from .errors import AgentTimeout, AgentUnavailable, AnswerMismatch
 _MAX_HEADER = 1 << 20
 # Bodies above this are sent with a second send, not copied into one buffer.
 _JOIN_BELOW = 64 << 10
+# The socket's send buffer asked for (see _connect).
+_SEND_BUFFER = 4 << 20
 
 
 class ProtocolError(AgentUnavailable):
@@ -40,9 +43,20 @@ class Connection:
         self.buf = b""
         self.name = os.urandom(8).hex()  # random: unique among every process's connections
         self.calls = 0
+        # The agent's key slot for this connection (POST /v1/key/slot): its
+        # name and this process's writable mapping of it.
+        self.key_slot: Optional[Tuple[str, mmap.mmap]] = None
 
     def _connect(self, timeout: float) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # A key's input (megabytes) goes into the kernel in one copy
+            # instead of a ping-pong through the default ~200 KiB, which the
+            # agent's hash waits on. The kernel caps it (net.core.wmem_max);
+            # memory is only used while bytes are queued.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        except OSError:
+            pass
         s.settimeout(timeout)
         try:
             s.connect(self.path)
@@ -181,8 +195,14 @@ class Connection:
         parent's connection stays up (the agent sees a connection end when
         its last descriptor closes)."""
         sock, self.sock, self.buf = self.sock, None, b""
+        slot, self.key_slot = self.key_slot, None
         if sock is not None:
             sock.close()
+        if slot is not None:
+            try:
+                slot[1].close()
+            except BufferError:  # a key call was interrupted while copying into it: unmapped when collected
+                pass
 
 
 class Pool:
