@@ -70,10 +70,10 @@ type LookupResponse struct {
 	// into and commit with Slot set to the reservation: a slot without a
 	// call of its own (POST /v1/slot). The agent removes it if the
 	// reservation ends without a commit.
-	SlotFile string `json:"slot_file,omitempty"`
-	KeyRef             // the key looked up or committed
-	Client      string `json:"client"`
-	RequestID   string `json:"request_id"`
+	SlotFile  string `json:"slot_file,omitempty"`
+	KeyRef           // the key looked up or committed
+	Client    string `json:"client"`
+	RequestID string `json:"request_id"`
 }
 
 // Hit says where a value lies in shm. The file holds the value's encoding
