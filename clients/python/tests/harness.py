@@ -21,6 +21,20 @@ PYTHON_DIR = os.path.abspath(os.path.join(HERE, ".."))
 VECTORS = os.path.join(ROOT, "cachekey", "testdata", "vectors.json")
 
 
+def optional(module: str):
+    """The module, or None where it is not installed: its tests skip. With
+    EMBCACHE_REQUIRE_PYDEPS=1 (.ci/run sets it: make test installs numpy and
+    torch) a missing module fails the run instead of skipping its tests."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("EMBCACHE_REQUIRE_PYDEPS") == "1":
+            raise
+        return None
+
+
 def binary() -> str:
     path = os.environ.get("EMBCACHE_BIN") or os.path.join(ROOT, "bin", "embcache")
     if not os.access(path, os.X_OK):

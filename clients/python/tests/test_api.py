@@ -11,14 +11,8 @@ from embcache import (AsyncEmbeddingCache, Embedding, EmbeddingCache, HiddenPref
 
 from . import harness
 
-try:
-    import numpy as np
-except ImportError:
-    np = None
-try:
-    import torch
-except ImportError:
-    torch = None
+np = harness.optional("numpy")
+torch = harness.optional("torch")
 
 
 class APITest(unittest.TestCase):

@@ -12,10 +12,7 @@ from embcache import AgentUnavailable, BadRequest, Embedding, EmbeddingCache, Re
 
 from . import harness
 
-try:
-    import numpy as np
-except ImportError:
-    np = None
+np = harness.optional("numpy")
 
 
 class ClientTest(unittest.TestCase):

@@ -18,14 +18,8 @@ from embcache import AgentUnavailable, Embedding, Tensor
 
 from . import harness
 
-try:
-    import torch
-except ImportError:
-    torch = None
-try:
-    import numpy as np
-except ImportError:
-    np = None
+torch = harness.optional("torch")
+np = harness.optional("numpy")
 
 EXAMPLE = os.path.join(harness.PYTHON_DIR, "examples", "vllm_omni_hook.py")
 N = 64  # values per item: the encoder maps them to a (4, 16) embedding
