@@ -150,17 +150,17 @@ type Stats struct {
 
 // AgentStats counts what the agent did.
 type AgentStats struct {
-	Connections  int    `json:"connections"`
-	Reservations int    `json:"reservations"` // open now
-	Slots        int    `json:"slots"`        // open now
-	Lookups      uint64 `json:"lookups"`
-	Hits         uint64 `json:"hits"`
-	Reserved     uint64 `json:"reserved"`
-	Commits      uint64 `json:"commits"`
-	LateCommits  uint64 `json:"late_commits"` // accepted as their reservation ended: dropped
-	Abandons     uint64 `json:"abandons"`
-	Disconnects  uint64 `json:"disconnect_cleanups"` // connections closed holding pins, reservations or slots
-	BadRequests  uint64 `json:"bad_requests"`
+	Connections   int    `json:"connections"`
+	Reservations  int    `json:"reservations"` // open now
+	Slots         int    `json:"slots"`        // open now
+	Lookups       uint64 `json:"lookups"`
+	Hits          uint64 `json:"hits"`
+	Reserved      uint64 `json:"reserved"`
+	Commits       uint64 `json:"commits"`
+	FailedCommits uint64 `json:"failed_commits"` // accepted, then unreadable (the slot cut short)
+	Abandons      uint64 `json:"abandons"`
+	Disconnects   uint64 `json:"disconnect_cleanups"` // connections closed holding pins, reservations or slots
+	BadRequests   uint64 `json:"bad_requests"`
 }
 
 // Error is the body of every non-2xx answer.

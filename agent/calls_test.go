@@ -201,6 +201,23 @@ func TestPinsBelongToTheClient(t *testing.T) {
 		t.Fatalf("the pin taken on a closed connection of a live client: released %d, %v; want 1", released, err)
 	}
 
+	// A connection that only made calls naming the client (ClientHeader:
+	// a stats call here) keeps its pins too.
+	if r, err := first.Lookup(ctx, ref, "req3"); err != nil || r.Status != agent.StatusHit {
+		t.Fatalf("%+v %v", r, err)
+	}
+	statsOnly := agent.Dial(n.socket)
+	statsOnly.ID = first.ID
+	if _, err := statsOnly.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	waitFor(t, func() bool { return n.srv.Stats().Agent.Connections == 1 })
+	if released, err := statsOnly.Release(ctx, "req3"); err != nil || released != 1 {
+		t.Fatalf("pins of a client whose other connection made no lookup: released %d, %v; want 1", released, err)
+	}
+	statsOnly.Close()
+
 	if r, err := second.Lookup(ctx, ref, "req2"); err != nil || r.Status != agent.StatusHit {
 		t.Fatalf("%+v %v", r, err)
 	}
@@ -346,4 +363,63 @@ func TestClientMadeSlot(t *testing.T) {
 		t.Fatalf("slot path after the reservation ended: %v", err)
 	}
 	c.Release(ctx, "r")
+}
+
+// TestSlotCutShort: a client that cuts its slot short, before its commit
+// or right after the commit is accepted, gets a 400 or loses its commit
+// (the key is free again); the agent never maps the slot, so it never
+// faults (SIGBUS) and answers on.
+func TestSlotCutShort(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	ctx := context.Background()
+	commit := func(r agent.LookupResponse, size int) error {
+		var done agent.LookupResponse
+		return post(n.socket, "/v1/commit", agent.CommitRequest{Reservation: r.Reservation, Client: c.ID, RequestID: "r",
+			DType: "uint8", Shape: []int64{int64(size)}, Slot: r.Reservation}, &done)
+	}
+	ref := keyOf(t, c, "cut before")
+	r, err := c.Lookup(ctx, ref, "r")
+	if err != nil || r.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", r, err)
+	}
+	os.WriteFile(r.SlotFile, make([]byte, 100), 0o640)
+	var apiErr *agent.APIError
+	if err := commit(r, 4096); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("a slot shorter than its shape: %v, want a 400", err)
+	}
+	c.Abandon(ctx, r.Reservation, "test")
+
+	const size = 64 << 20
+	ref = keyOf(t, c, "cut after")
+	r, err = c.Lookup(ctx, ref, "r")
+	if err != nil || r.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if err := os.WriteFile(r.SlotFile, bytes.Repeat([]byte{7}, size), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(r.SlotFile, os.O_WRONLY, 0) // held open, as a client could
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := commit(r, size); err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(0) // while the agent may be reading it
+	// The agent answers on, and the key is either committed whole or free.
+	got, err := c.Lookup(ctx, ref, "r2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch got.Status {
+	case agent.StatusHit:
+		if data := mapped(t, got.Value); len(data) != size || data[size-1] != 7 {
+			t.Fatalf("a hit of %d bytes", len(data))
+		}
+	case agent.StatusReserved:
+		c.Abandon(ctx, got.Reservation, "test")
+	}
+	c.Release(ctx, "r2")
 }

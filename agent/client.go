@@ -81,6 +81,7 @@ func (c *Client) do(ctx context.Context, method, path, contentType string, heade
 		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", contentType)
+	req.Header.Set(ClientHeader, c.ID)
 	call := c.ID + "." + strconv.FormatUint(c.calls.Add(1), 10)
 	req.Header.Set(CallHeader, call)
 	resp, err := c.http.Do(req)

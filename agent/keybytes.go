@@ -140,7 +140,7 @@ func (s *Server) handleKeySlot(w http.ResponseWriter, r *http.Request) {
 	path := filepath.Join(s.slotDir, "key-"+name)
 	m, err := createKeySlot(path, req.Size)
 	if err != nil {
-		s.fail(w, fmt.Errorf("agent: creating key slot: %w", err))
+		s.fail(w, fmt.Errorf("agent: creating key slot: %w", err)) // no_space: the client sends the body instead
 		return
 	}
 	if !sessionOf(r).setKeySlot(name, m) {

@@ -26,8 +26,8 @@ import (
 
 var (
 	// ErrUnknownReservation is answered (404) for a reservation the agent
-	// does not hold: never made, already committed or abandoned, or ended
-	// because its connection closed.
+	// never made, or ended too long ago to remember why (an ended one it
+	// remembers is ErrReservationEnded or ErrComputeTimeout).
 	ErrUnknownReservation = errors.New("agent: unknown reservation")
 	// ErrBadRequest is answered (400) for a body that does not decode or
 	// breaks the API's rules.
@@ -43,9 +43,6 @@ var (
 	// errCommitted is what a reservation that was committed ended with: a
 	// second commit of it is refused (410, code reservation_ended).
 	errCommitted = fmt.Errorf("%w: it was committed", ErrReservationEnded)
-	// errCommitLost is what a commit's lookup gets if its flight had
-	// already failed: the client should look the key up again.
-	errCommitLost = errors.New("agent: the commit did not land; look the key up again")
 )
 
 // Server is a node agent's API. Serve it on a Unix socket.
@@ -69,8 +66,9 @@ type Server struct {
 
 	stored *lru.Cache[payload.ObjectID, storedFile] // what hit last found in the store
 
-	lookups, hits, reserved, commits, lateCommits, abandons, disconnects, badRequests atomic.Uint64
-	connections                                                                       atomic.Int64
+	lookups, hits, reserved, commits, failedCommits, abandons, disconnects, badRequests atomic.Uint64
+	background                                                                          sync.WaitGroup // commits being read
+	connections                                                                         atomic.Int64
 }
 
 // storedFile is a file of the store as hit last saw it.
@@ -125,6 +123,17 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	if err := os.MkdirAll(s.slotDir, 0o770); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
+	// Set-group-ID: a slot a client makes (0640) belongs to the directory's
+	// group, whose members cannot write it, and which the agent reads it by.
+	if err := os.Chmod(s.slotDir, 0o2770); err != nil {
+		return nil, fmt.Errorf("agent: slot directory: %w", err)
+	}
+	// Slots of an agent that was killed: no connection of this one owns them.
+	if stale, err := filepath.Glob(filepath.Join(s.slotDir, "*")); err == nil {
+		for _, p := range stale {
+			os.Remove(p)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/key", s.handleKey)
 	mux.HandleFunc("POST /v1/key/bytes", s.handleKeyBytes)
@@ -137,7 +146,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	mux.HandleFunc("POST /v1/release", s.handleRelease)
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) { reply(w, s.Stats()) })
 	mux.Handle("GET /healthz", newHealth(cache))
-	s.http = &http.Server{Handler: echoCall(mux), ReadHeaderTimeout: 10 * time.Second,
+	s.http = &http.Server{Handler: echoCall(callsFor(mux)), ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			sess := &session{s: s, clients: map[string]struct{}{}, res: map[string]*reservation{}}
 			s.sessions.Store(c, sess)
@@ -169,6 +178,7 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.http.Shutdown(ctx)
 	s.http.Close()
+	s.background.Wait()
 	s.sessions.Range(func(c, v any) bool {
 		s.sessions.Delete(c)
 		v.(*session).end()
@@ -189,7 +199,7 @@ func (s *Server) Stats() Stats {
 		Connections: int(s.connections.Load()), Reservations: open, Slots: slots,
 		Lookups: s.lookups.Load(), Hits: s.hits.Load(), Reserved: s.reserved.Load(), Commits: s.commits.Load(),
 		Abandons: s.abandons.Load(), Disconnects: s.disconnects.Load(), BadRequests: s.badRequests.Load(),
-		LateCommits: s.lateCommits.Load()}}
+		FailedCommits: s.failedCommits.Load()}}
 }
 
 // echoCall copies the request's CallHeader into the answer before any
@@ -198,6 +208,22 @@ func echoCall(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if call := r.Header.Get(CallHeader); call != "" {
 			w.Header().Set(CallHeader, call)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// ClientHeader names the client a call is made for. A client that sends it
+// on every call has its pins kept while any of its connections is open, not
+// only those its lookups came on.
+const ClientHeader = "Embcache-Client"
+
+// callsFor records the client a call names (ClientHeader) for the call's
+// connection.
+func callsFor(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if client := r.Header.Get(ClientHeader); client != "" {
+			sessionOf(r).callsFor(client)
 		}
 		h.ServeHTTP(w, r)
 	})
@@ -245,7 +271,7 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		status, code = http.StatusGone, "reservation_ended"
 	case errors.Is(err, localcache.ErrComputeTimeout):
 		status, code = http.StatusGatewayTimeout, "compute_timeout"
-	case errors.Is(err, coordinator.ErrLeaseLost), errors.Is(err, errCommitLost):
+	case errors.Is(err, coordinator.ErrLeaseLost):
 		status, code = http.StatusConflict, "conflict"
 	case errors.Is(err, payload.ErrNoSpace):
 		status, code = http.StatusServiceUnavailable, "no_space"
@@ -300,7 +326,7 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.lookups.Add(1)
-	resp, err := s.lookup(r.Context(), sess, req.Client, req.RequestID, ref)
+	resp, err := s.lookup(r.Context(), sess, req.Client, req.RequestID, ref, heartbeat(w, r))
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -311,7 +337,8 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 
 // lookup answers a hit, or hands the compute to the client: the agent's
 // compute function for the key waits for the client's commit.
-func (s *Server) lookup(ctx context.Context, sess *session, client, requestID string, ref coordinator.Ref) (LookupResponse, error) {
+func (s *Server) lookup(ctx context.Context, sess *session, client, requestID string, ref coordinator.Ref,
+	beat func()) (LookupResponse, error) {
 	pin := pinName(client, requestID)
 	for {
 		reserved := make(chan *reservation, 1)
@@ -330,24 +357,49 @@ func (s *Server) lookup(ctx context.Context, sess *session, client, requestID st
 			})
 			done <- outcome{v, path, err}
 		}()
-		select {
-		case res := <-reserved:
+		o, res := waitFor(done, reserved, beat)
+		if res != nil {
 			s.reserved.Add(1)
 			return LookupResponse{Status: StatusReserved, Reservation: res.id, SlotFile: res.slotFile()}, nil
+		}
+		if errors.Is(o.err, ErrReservationEnded) {
+			continue // another client of this agent gave the key up: try again
+		}
+		if o.err != nil {
+			return LookupResponse{}, o.err
+		}
+		hit, err := s.hit(ctx, ref, o.v)
+		if err != nil {
+			s.cache.Release(pin)
+			return LookupResponse{}, err
+		}
+		// Again: a release of the request that ran while this lookup
+		// waited forgot the name, and the pin taken since must still go
+		// when the client does.
+		s.pinned(client, pin)
+		s.hits.Add(1)
+		return LookupResponse{Status: StatusHit, Path: o.path.String(), Value: hit}, nil
+	}
+}
+
+// waitFor waits for a lookup's outcome or reservation, calling beat (if
+// not nil) every heartbeat interval meanwhile.
+func waitFor[O any](done <-chan O, reserved <-chan *reservation, beat func()) (O, *reservation) {
+	var beats <-chan time.Time
+	if beat != nil {
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		beats = t.C
+	}
+	for {
+		select {
+		case <-beats:
+			beat()
+		case res := <-reserved:
+			var zero O
+			return zero, res
 		case o := <-done:
-			if errors.Is(o.err, ErrReservationEnded) {
-				continue // another client of this agent gave the key up: try again
-			}
-			if o.err != nil {
-				return LookupResponse{}, o.err
-			}
-			hit, err := s.hit(ctx, ref, o.v)
-			if err != nil {
-				s.cache.Release(pin)
-				return LookupResponse{}, err
-			}
-			s.hits.Add(1)
-			return LookupResponse{Status: StatusHit, Path: o.path.String(), Value: hit}, nil
+			return o, nil
 		}
 	}
 }
@@ -375,7 +427,7 @@ func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value)
 		}
 	}
 	return &Hit{File: path, Offset: payload.DataOffset(v), Length: int64(len(v.Tensor.Data)),
-		Kind: v.Kind.String(), DType: v.Tensor.DType.String(), Shape: v.Tensor.Shape, Tokens: v.Tokens,
+		Kind: v.Kind.String(), DType: dtypeName(v), Shape: v.Tensor.Shape, Tokens: v.Tokens,
 		Checksum: hex.EncodeToString(sum[:])}, nil
 }
 
@@ -412,107 +464,6 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply(w, SlotResponse{Reservation: res.id, Slot: name, File: path, Size: req.Size})
-}
-
-func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
-	var req CommitRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	if err := checkRequest(req.Client, req.RequestID); err != nil {
-		s.fail(w, err)
-		return
-	}
-	res, err := s.reservation(req.Reservation)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	v, err := s.valueOf(res, req)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	if !res.open() {
-		v.Close()
-		_, err := s.reservation(res.id)
-		s.fail(w, err)
-		return
-	}
-	// The answer goes out before the value is handed over: the coordinator
-	// then checksums, stores and commits it while the client goes on (it
-	// has its value: it wrote it). Handing it over first would wake that
-	// work before the answer is written, and on a small machine the client
-	// would wait for a core while the value is hashed. A commit that fails
-	// from here is the coordinator's to count and log (other processes then
-	// compute the key again), and so is the rare reservation that ends
-	// between the check above and the hand-over (counted, logged).
-	reply(w, LookupResponse{Status: StatusAccepted, Reservation: res.id, KeyRef: keyRefOf(res.ref),
-		Client: req.Client, RequestID: req.RequestID})
-	http.NewResponseController(w).Flush()
-	if !res.deliver(v, nil) {
-		v.Close()
-		s.lateCommits.Add(1)
-		_, err := s.reservation(res.id)
-		s.logger.Warn("embcache agent: a commit was answered as its reservation ended; the value is dropped",
-			"key", res.ref.String(), "err", err)
-		return
-	}
-	s.commits.Add(1)
-}
-
-// valueOf builds the committed value from a slot (mapped, not copied) or
-// from the posted bytes.
-func (s *Server) valueOf(res *reservation, req CommitRequest) (*payload.Value, error) {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
-	}
-	kind := payload.KindTensor
-	if req.Kind != "" {
-		var err error
-		if kind, err = payload.ParseKind(req.Kind); err != nil {
-			return nil, bad("%v", err)
-		}
-	}
-	if req.Slot != "" && len(req.Data) > 0 {
-		return nil, bad("give a slot or data, not both")
-	}
-	data, release := req.Data, func() error { return nil }
-	if req.Slot != "" {
-		path, ok := res.takeSlot(req.Slot)
-		if !ok && req.Slot == res.id { // the file the lookup's answer named, made by the client
-			path, ok = res.slotFile(), true
-		}
-		if !ok {
-			return nil, bad("unknown slot %q for this reservation", req.Slot)
-		}
-		m, err := mapSlot(path)
-		if err != nil {
-			return nil, err
-		}
-		data, release = m.data, m.close
-	}
-	var v *payload.Value
-	switch kind {
-	case payload.KindTokens:
-		v = payload.NewTokens(req.Tokens)
-	default:
-		dt, err := cachekey.ParseDType(req.DType)
-		if err != nil {
-			release()
-			return nil, bad("%v", err)
-		}
-		if kind == payload.KindHiddenPrefix {
-			v = payload.NewHiddenPrefix(req.Tokens, dt, req.Shape, data)
-		} else {
-			v = payload.NewTensor(dt, req.Shape, data)
-		}
-	}
-	if err := v.Validate(); err != nil {
-		release()
-		return nil, bad("%v", err)
-	}
-	return payload.WithRelease(v, release), nil
 }
 
 func (s *Server) handleAbandon(w http.ResponseWriter, r *http.Request) {
@@ -587,8 +538,17 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 			s.fail(w, err)
 			return
 		}
+		s.pinned(req.Client, pin) // again: see lookup
 		s.hits.Add(1)
 		resp.Status, resp.Path, resp.Value = StatusHit, path.String(), hit
 	}
 	reply(w, resp)
+}
+
+// dtypeName is a hit's dtype: none for a tokens value, which has no tensor.
+func dtypeName(v *payload.Value) string {
+	if v.Kind == payload.KindTokens {
+		return ""
+	}
+	return v.Tensor.DType.String()
 }

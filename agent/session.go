@@ -255,16 +255,27 @@ func (s *Server) reservation(id string) (*reservation, error) {
 // slotFile is the path the client may create as the reservation's slot.
 func (r *reservation) slotFile() string { return filepath.Join(r.s.slotDir, r.id) }
 
-// open reports whether the reservation has not ended yet.
-func (r *reservation) open() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return !r.ended
+// deliver ends the reservation with a value or an error; only the first
+// end (deliver or claim) counts.
+func (r *reservation) deliver(v *payload.Value, err error) bool {
+	if !r.end(err) {
+		return false
+	}
+	r.send(v, err)
+	return true
 }
 
-// deliver ends the reservation with a value or an error; only the first
-// call counts.
-func (r *reservation) deliver(v *payload.Value, err error) bool {
+// claim ends the reservation for a commit whose value follows by send: no
+// timeout, abandon or closed connection can end it after this, and the
+// compute waits for the value.
+func (r *reservation) claim() bool { return r.end(nil) }
+
+// send hands the compute what ended the reservation; once, after end.
+func (r *reservation) send(v *payload.Value, err error) { r.result <- reservationResult{v, err} }
+
+// end ends the reservation with err (nil: claimed by a commit); only the
+// first end counts. Its slot files go: a commit has opened the one it reads.
+func (r *reservation) end(err error) bool {
 	first := false
 	r.once.Do(func() {
 		first = true
@@ -278,20 +289,16 @@ func (r *reservation) deliver(v *payload.Value, err error) bool {
 		r.sess.mu.Unlock()
 		r.mu.Lock()
 		r.ended = true
-		for _, p := range r.slots { // slots no commit took
+		for _, p := range r.slots {
 			os.Remove(p)
 		}
-		// The slot the client may have made: a value mapped from it keeps
-		// its pages (the path is never reused: it is the reservation's id).
-		os.Remove(r.slotFile())
+		os.Remove(r.slotFile()) // the slot the client may have made
 		r.slots = nil
 		r.mu.Unlock()
-		if err != nil {
-			r.s.ended.Add(r.id, err)
-		} else {
-			r.s.ended.Add(r.id, errCommitted)
+		if err == nil {
+			err = errCommitted
 		}
-		r.result <- reservationResult{v, err}
+		r.s.ended.Add(r.id, err)
 	})
 	return first
 }
@@ -315,46 +322,10 @@ func (r *reservation) await(ctx context.Context) (*payload.Value, error) {
 	}
 }
 
-// slotMapping is a slot file mapped read-only; close unmaps and removes it.
+// slotMapping is a file mapped read-only; close unmaps and removes it.
 type slotMapping struct {
 	data  []byte
 	close func() error
-}
-
-func mapSlot(path string) (slotMapping, error) {
-	// A client may make the slot file itself: never follow a link it put
-	// there, and map nothing but a regular file.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return slotMapping{}, fmt.Errorf("%w: slot: %v", ErrBadRequest, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return slotMapping{}, err
-	}
-	if !fi.Mode().IsRegular() {
-		os.Remove(path)
-		return slotMapping{}, fmt.Errorf("%w: slot %s is not a regular file", ErrBadRequest, path)
-	}
-	if fi.Size() == 0 {
-		os.Remove(path)
-		return slotMapping{data: nil, close: func() error { return nil }}, nil
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		os.Remove(path)
-		return slotMapping{}, fmt.Errorf("agent: mapping slot: %w", err)
-	}
-	var once sync.Once
-	return slotMapping{data: data, close: func() error {
-		var err error
-		once.Do(func() {
-			err = syscall.Munmap(data)
-			os.Remove(path)
-		})
-		return err
-	}}, nil
 }
 
 // createKeySlot creates a file of size bytes at path, writable by the
@@ -366,8 +337,13 @@ func createKeySlot(path string, size int64) (slotMapping, error) {
 		return slotMapping{}, err
 	}
 	defer f.Close()
-	if err := f.Truncate(size); err != nil {
+	// Allocated now: a sparse file on a full tmpfs would fault (SIGBUS) in
+	// the client writing it; this way the call fails (503 no_space).
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		os.Remove(path)
+		if errors.Is(err, syscall.ENOSPC) {
+			return slotMapping{}, fmt.Errorf("%w: key slot of %d bytes: %v", payload.ErrNoSpace, size, err)
+		}
 		return slotMapping{}, err
 	}
 	data, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -49,11 +50,14 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	if !cur.live || cur.record.State != StateCommitted {
 		return nil, 0, ErrNotCached
 	}
-	// Through the local flight, so that concurrent gets and lookups of the
-	// key share one pull.
-	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+	// Through a flight of its own, so that concurrent gets share one pull;
+	// never through another's, which may be a compute (a wait).
+	v, err = c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
 		return c.pull(cctx, ref, cur.record)
 	})
+	if errors.Is(err, localcache.ErrInFlight) {
+		return nil, 0, ErrNotCached
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
 	}

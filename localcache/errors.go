@@ -17,4 +17,7 @@ var (
 	ErrNoRequest = errors.New("localcache: empty request id")
 	// ErrClosed is returned by calls on a closed cache.
 	ErrClosed = errors.New("localcache: cache closed")
+	// ErrInFlight is returned by GetOrStart when a compute of the key is
+	// already running.
+	ErrInFlight = errors.New("localcache: a compute of the key is running")
 )

@@ -32,6 +32,17 @@ type flight[V Value] struct {
 // get ErrComputeTimeout. A value over the byte budget is ErrTooLarge; a
 // panic in fn is ErrComputePanicked.
 func (c *Cache[K, V]) GetOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V]) (V, error) {
+	return c.getOrCompute(ctx, req, key, fn, true)
+}
+
+// GetOrStart is GetOrCompute for a caller that must not wait for another
+// caller's compute: if one is running for key, it returns ErrInFlight at
+// once instead of joining it.
+func (c *Cache[K, V]) GetOrStart(ctx context.Context, req string, key K, fn ComputeFunc[V]) (V, error) {
+	return c.getOrCompute(ctx, req, key, fn, false)
+}
+
+func (c *Cache[K, V]) getOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V], join bool) (V, error) {
 	var zero V
 	if req == "" {
 		return zero, ErrNoRequest
@@ -47,9 +58,13 @@ func (c *Cache[K, V]) GetOrCompute(ctx context.Context, req string, key K, fn Co
 	}
 	c.stats.Misses++
 	f := c.flights[key]
-	if f == nil {
+	switch {
+	case f == nil:
 		f = c.startLocked(ctx, key, fn)
-	} else {
+	case !join:
+		c.unlockAndReport(evicted)
+		return zero, ErrInFlight
+	default:
 		c.stats.Waits++
 	}
 	f.waiters[req]++

@@ -171,3 +171,37 @@ func TestGetOrComputeHitPins(t *testing.T) {
 	}
 	c.Release("r")
 }
+
+// TestGetOrStartNeverJoins: GetOrStart returns ErrInFlight while another
+// caller's compute runs, and computes (or hits) otherwise.
+func TestGetOrStartNeverJoins(t *testing.T) {
+	c, _, _ := newTestCache(t)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrCompute(context.Background(), "a", "k", func(context.Context) (blob, error) {
+			close(started)
+			<-release
+			return blob("one"), nil
+		})
+		done <- err
+	}()
+	<-started
+	if _, err := c.GetOrStart(context.Background(), "b", "k", func(context.Context) (blob, error) {
+		t.Error("a second compute ran")
+		return nil, nil
+	}); !errors.Is(err, ErrInFlight) {
+		t.Fatalf("while computing: %v, want ErrInFlight", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.GetOrStart(context.Background(), "c", "k", nil); err != nil || string(v) != "one" {
+		t.Fatalf("after: %q %v", v, err)
+	}
+	if v, err := c.GetOrStart(context.Background(), "b", "k2", func(context.Context) (blob, error) { return blob("two"), nil }); err != nil || string(v) != "two" {
+		t.Fatalf("no flight: %q %v", v, err)
+	}
+}

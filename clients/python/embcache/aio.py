@@ -37,7 +37,7 @@ class AsyncEmbeddingCache:
         self._max = max_concurrency
         self._lock = threading.Lock()
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._pid = 0
+        self._pid = os.getpid()
 
     @property
     def enabled(self) -> bool:
@@ -48,11 +48,14 @@ class AsyncEmbeddingCache:
         return self.sync.degraded
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        # Threads do not survive fork(): a child makes its own pool.
+        # Threads do not survive fork(): a child makes its own pool, and a
+        # lock of its own (one a parent's thread held at fork() stays held).
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
+            self._executor, self._pid = None, os.getpid()
         with self._lock:
-            if self._executor is None or self._pid != os.getpid():
+            if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(self._max, thread_name_prefix="embcache")
-                self._pid = os.getpid()
             return self._executor
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -61,8 +64,12 @@ class AsyncEmbeddingCache:
             return await asyncio.shield(asyncio.wrap_future(call))
         except asyncio.CancelledError:
             # On the call's thread, not the loop's: the loop may be gone or
-            # busy by the time the call ends.
-            call.add_done_callback(self._drop_result)
+            # busy by the time the call ends (and if it has ended, on a
+            # thread of the pool, not here on the loop).
+            if call.done():
+                self._pool().submit(self._drop_result, call)
+            else:
+                call.add_done_callback(self._drop_result)
             raise
 
     def _drop_result(self, call: "concurrent.futures.Future[Any]") -> None:
@@ -133,6 +140,9 @@ class AsyncEmbeddingCache:
         except EmbcacheError as e:
             await self._run(sync._abandon_quietly, got, f"commit failed: {e}")
             sync._degrade("commit", e, value)
+        except BaseException:  # cancelled: the key is given back on a thread of the pool
+            self._pool().submit(sync._abandon_quietly, got, "the caller was cancelled")
+            raise
         return value
 
     async def cleanup_request(self, request_id: str) -> int:

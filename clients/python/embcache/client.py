@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import mmap
 import os
 import threading
+import time
 import urllib.parse
 import uuid
 import weakref
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
-from .connection import Connection, Pool
+from .connection import Connection, Pool, ProtocolError
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, ReservationEnded,
-                     api_error, with_value)
+                     StoreFull, api_error, with_value)
 from .values import Embedding, Mappings, Tensor, parts_of, tensor_parts
 
 log = logging.getLogger("embcache")
@@ -56,7 +58,7 @@ class _ProcessState:
     def __init__(self, client_id: str, path: str, max_idle: int):
         self.pid = os.getpid()
         self.client_id = client_id
-        self.pool = Pool(path, max_idle)
+        self.pool = Pool(path, max_idle, client_id)
 
 
 # Every live client, so that a forked child can disown their inherited
@@ -101,6 +103,42 @@ def _check_names(call: str, answer: Mapping[str, Any], want: Mapping[str, Any]) 
 # connection, and the agent hashes a body as it arrives anyway. Slots grow
 # in steps of _KEY_SLOT_STEP.
 _KEY_SLOT_MIN = 32 << 10
+
+
+class _SlotUnusable(AgentUnavailable):
+    """This process cannot map its connection's key slot."""
+
+
+def _flat(data: Any) -> memoryview:
+    """data as a flat memoryview of bytes, without a copy (an empty one for
+    an empty tensor, whose zero-dimension shape a cast refuses)."""
+    mv = memoryview(data)
+    if mv.nbytes == 0:
+        mv.release()
+        return memoryview(b"")
+    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+
+
+def _write_all(fd: int, path: str, mv: memoryview) -> None:
+    """Writes mv at the start of fd and closes it; a failure (a full
+    tmpfs, say) removes path (if given) and is StoreFull or
+    AgentUnavailable. write(2) moves at most ~2 GiB at a time: it loops."""
+    try:
+        done = 0
+        while done < mv.nbytes:
+            done += os.write(fd, mv[done:])
+    except OSError as e:
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if e.errno == errno.ENOSPC:
+            raise StoreFull(503, "no_space", f"slot: {e}") from e
+        raise AgentUnavailable(f"slot: {e}") from e
+    finally:
+        os.close(fd)
+_HEARTBEATS = {"Embcache-Heartbeat": "1"}
 _KEY_SLOT_STEP = 1 << 20
 
 
@@ -113,28 +151,48 @@ def _config_header(config: EncoderPreprocessingConfig) -> str:
 class _Episode:
     """Failures in degrade mode, logged once per episode: the first failure
     is logged, the ones after it only counted, and the first success after
-    them logs the episode's end with its count."""
+    them ends the episode. An episode's lines are at least _QUIET apart: a
+    store outage under which local hits keep succeeding would otherwise
+    start and end an episode with every pair of calls."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.failing = 0  # failures in the current episode
+        self.failing = False
+        self.unreported = 0  # failures not yet in a "served again" line
         self.total = 0
+        self.logged = -_QUIET  # monotonic time of the last line
 
     def failed(self, what: str, err: BaseException) -> None:
+        now = time.monotonic()
         with self.lock:
             self.total += 1
-            self.failing += 1
-            first = self.failing == 1
-        if first:
-            log.warning("embcache: %s failed, serving without the cache until the agent answers again: %s", what, err)
+            self.unreported += 1
+            report = not self.failing and now - self.logged >= _QUIET
+            self.failing = True
+            if report:
+                self.logged = now
+        if report:
+            log.warning("embcache: %s failed; calls are served without the cache while it fails: %s", what, err)
 
     def ok(self) -> None:
-        if not self.failing:  # unlocked read: a stale view only delays the log line by one call
+        if not self.failing:  # unlocked read: a stale view only delays the line by one call
             return
+        now = time.monotonic()
         with self.lock:
-            n, self.failing = self.failing, 0
-        if n:
-            log.warning("embcache: the agent answers again; %d calls were served without the cache", n)
+            self.failing = False
+            n = self.unreported
+            report = now - self.logged >= _QUIET
+            if report:
+                self.unreported, self.logged = 0, now
+        if report:
+            log.warning("embcache: the cache serves again; %d calls were served without it", n)
+
+
+# The least time between two lines of the degrade log.
+_QUIET = 30.0
+# Timeouts past this are refused (a day): a larger one overflows the
+# socket's, and means "never" better said by a day.
+_MAX_TIMEOUT = 86400.0
 
 
 class EmbeddingCache:
@@ -174,8 +232,9 @@ class EmbeddingCache:
             raise ValueError(f"store_unavailable_mode {store_unavailable_mode!r}: want degrade or strict")
         if enabled and not socket_path:
             raise ValueError("socket_path is required when the cache is enabled")
-        if not agent_timeout > 0 or not compute_timeout > 0:
-            raise ValueError("agent_timeout and compute_timeout must be positive")
+        for name, t in (("agent_timeout", agent_timeout), ("compute_timeout", compute_timeout)):
+            if not 0 < t <= _MAX_TIMEOUT:  # also refuses NaN
+                raise ValueError(f"{name}={t!r}: want seconds in (0, {_MAX_TIMEOUT:g}]")
         self.enabled = enabled
         self.socket_path = socket_path or ""
         self.strict = store_unavailable_mode == "strict"
@@ -267,7 +326,8 @@ class EmbeddingCache:
     def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, *, retry: bool = False,
               answers: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
               conn: Optional[Connection] = None, raw: Optional[Tuple[Any, Mapping[str, str]]] = None,
-              state: Optional[_ProcessState] = None) -> Any:
+              state: Optional[_ProcessState] = None, total: Optional[float] = None,
+              headers: Optional[Mapping[str, str]] = None) -> Any:
         """Makes a call on a pooled connection (or on conn, which the caller
         holds). answers: the names (key, reservation, client, request_id)
         the answer must carry. raw: (bytes-like body, headers) sent as
@@ -280,14 +340,14 @@ class EmbeddingCache:
             payload, headers, ctype = raw[0], raw[1], "application/octet-stream"
         else:
             payload = json.dumps(body).encode() if body is not None else b""
-            headers, ctype = {}, "application/json"
+            ctype = "application/json"
         pool = (state or self._process()).pool
         for attempt in (0, 1):
             c = conn or pool.take()
             reused = c.calls > 0
             try:
                 status, data = c.request(method, path, payload, timeout=timeout or self.agent_timeout,
-                                         content_type=ctype, headers=headers)
+                                         content_type=ctype, headers=headers, total=total)
             except AgentUnavailable as e:
                 if conn is None:
                     pool.give(c)  # closed by the failure: dropped
@@ -299,23 +359,40 @@ class EmbeddingCache:
                 if conn is None:
                     pool.give(c)
                 raise
-            if conn is None:
-                pool.give(c)
-            if status // 100 != 2:
-                raise self._error(status, data)
-            answer = json.loads(data) if data else None
-            if answers:
-                try:
-                    _check_names(f"{method} {path}", answer or {}, answers)
-                except AnswerMismatch:
-                    # The connection may hold what the answer was really
-                    # for (a reservation nobody will commit): closing it
-                    # makes the agent give that back.
-                    c.close()
-                    raise
+            try:
+                answer = self._answer(method, path, status, data, answers)
+            except AnswerMismatch:
+                # The connection may hold what the answer was really for (a
+                # reservation nobody will commit): closing it makes the
+                # agent give that back. Closed before it goes back to the
+                # pool, where another thread could take it.
+                c.close()
+                raise
+            finally:
+                if conn is None:
+                    pool.give(c)
             self._episode.ok()
             return answer
         raise AssertionError("unreachable")
+
+    def _answer(self, method: str, path: str, status: int, data: bytes, answers: Optional[Mapping[str, Any]]) -> Any:
+        """The answer's JSON body, checked; its error as a typed one."""
+        if status // 100 != 2:
+            raise self._error(status, data)
+        try:
+            answer = json.loads(data) if data else None
+        except ValueError as e:
+            raise ProtocolError(f"agent at {self.socket_path}: {method} {path}: an answer that is not JSON: {e}") from e
+        if answers:
+            _check_names(f"{method} {path}", answer if isinstance(answer, dict) else {}, answers)
+        return answer
+
+    def _embedding(self, key: EmbeddingCacheKey, answer: Mapping[str, Any]) -> Embedding:
+        """The hit an answer describes, mapped."""
+        try:
+            return Embedding(key, answer["value"], str(answer.get("path", "")), self._mappings)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"agent at {self.socket_path}: a hit that does not describe a value: {e!r}") from e
 
     @staticmethod
     def _error(status: int, data: bytes) -> APIError:
@@ -366,11 +443,18 @@ class EmbeddingCache:
         connection's key slot (shared memory) and hashed by the agent where
         it lies, or, small or very large, sent as the call's body."""
         headers = {"Embcache-Config": _config_header(config)}
-        mv = memoryview(data).cast("B")
-        try:
+        mv = _flat(data)
+
+        def ask() -> Any:
             if _KEY_SLOT_MIN <= mv.nbytes <= self.key_slot_max_bytes:
-                return self._key(lambda: self._key_in_slot(query, mv, headers))
-            return self._key(lambda: self._call("POST", "/v1/key/bytes?" + query, raw=(mv, headers), retry=True))
+                try:
+                    return self._key_in_slot(query, mv, headers)
+                except (StoreFull, _SlotUnusable) as e:  # no room for a slot: the body needs none
+                    log.debug("embcache: key slot: %s; sending the input", e)
+            return self._call("POST", "/v1/key/bytes?" + query, raw=(mv, headers), retry=True)
+
+        try:
+            return self._key(ask)
         finally:
             mv.release()
 
@@ -402,7 +486,7 @@ class EmbeddingCache:
                 raise
             except OSError as e:  # the slot's file: mapping it
                 conn.close()
-                raise AgentUnavailable(f"agent at {self.socket_path}: key slot: {e}") from e
+                raise _SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
             finally:
                 pool.give(conn)
         raise AssertionError("unreachable")
@@ -434,17 +518,23 @@ class EmbeddingCache:
         """Looks key up: a hit (an Embedding, pinned for request_id), or a
         Reservation when this process must compute. Waits while another
         process computes it, up to compute_timeout. Raises (both modes)."""
+        if not self.enabled or key is None:
+            raise EmbcacheError("reserve needs a key and an enabled cache (get_or_compute takes None)")
         state = self._process()
         client, pool = state.client_id, state.pool
         for attempt in (0, 1):
             conn = pool.take()  # held by a reservation until it ends
             reused, held = conn.calls > 0, False
             try:
+                # Heartbeats (1 s apart) while the lookup waits for another
+                # process's compute: each silence is bounded by
+                # agent_timeout, the whole wait by compute_timeout.
                 r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id),
                                answers=dict(_key_names(key), client=client, request_id=request_id),
-                               timeout=self.compute_timeout + self.agent_timeout, conn=conn, state=state)
+                               timeout=max(self.agent_timeout, 2.0), total=self.compute_timeout + self.agent_timeout,
+                               headers=_HEARTBEATS, conn=conn, state=state)
                 if r["status"] == "hit":
-                    return Embedding(key, r["value"], r.get("path", ""), self._mappings)
+                    return self._embedding(key, r)
                 held = True
                 return Reservation(self, key, r["reservation"], request_id, conn, r.get("slot_file", ""))
             except AgentUnavailable as e:
@@ -483,7 +573,7 @@ class EmbeddingCache:
             body.update(dtype=p.dtype, shape=list(p.shape))
         if p.tokens:
             body["tokens"] = p.tokens
-        mv = memoryview(p.data).cast("B")
+        mv = _flat(p.data)
         try:
             if p.kind != "tokens":
                 body["slot"] = self._write_slot(reservation, mv)
@@ -497,23 +587,28 @@ class EmbeddingCache:
     def _write_slot(self, reservation: Reservation, mv: memoryview) -> str:
         """Writes the value's bytes into a slot file; returns the slot's
         name for the commit. The file the lookup's answer named is made
-        here (no call); an agent that named none, or a slot directory this
-        process may not write to, gets one by POST /v1/slot."""
+        here (0640: the slot directory's group reads it, and no other
+        process can write it; no call); an agent that named none, or a slot
+        directory this process may not write to, gets one by POST
+        /v1/slot. A failed write removes the file: nothing is left in
+        shared memory."""
         if reservation.slot_file:
             try:
-                fd = os.open(reservation.slot_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o660)
+                fd = os.open(reservation.slot_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
             except OSError as e:
                 log.debug("embcache: slot file %s: %s; asking the agent for one", reservation.slot_file, e)
             else:
-                with open(fd, "wb", buffering=0) as f:
-                    f.write(mv)
+                _write_all(fd, reservation.slot_file, mv)
                 return reservation.id
         # A slot of another reservation would be another key's value.
         slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
                           answers={"reservation": reservation.id}, conn=reservation.conn)
         if mv.nbytes:
-            with open(slot["file"], "r+b", buffering=0) as f:
-                f.write(mv)
+            try:
+                fd = os.open(slot["file"], os.O_WRONLY)
+            except OSError as e:
+                raise AgentUnavailable(f"agent at {self.socket_path}: slot {slot['file']}: {e}") from e
+            _write_all(fd, "", mv)
         return str(slot["slot"])
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
@@ -555,14 +650,16 @@ class EmbeddingCache:
                            answers=dict(_key_names(key), client=client, request_id=request_id), retry=True)
             if r["status"] != "hit":
                 return None
-            return Embedding(key, r["value"], r.get("path", ""), self._mappings)
+            return self._embedding(key, r)
         except EmbcacheError as e:
             self._degrade("get", e)
             return None
 
     def put(self, key: Optional[EmbeddingCacheKey], value: Any) -> bool:
         """Stores value as key's, unless the cluster has it already (or
-        computes it: then that value stands). True if this call stored it."""
+        computes it: then that value stands). True if this call handed it
+        to the agent, which shares it after answering (a get right after
+        may still miss); False if the cluster had it, or degraded."""
         if not self.enabled or key is None:
             return False
         request_id = f"put-{uuid.uuid4().hex}"
@@ -581,6 +678,9 @@ class EmbeddingCache:
             self._abandon_quietly(got, f"commit failed: {e}")
             self._degrade("put", e, value)
             return False
+        except BaseException:
+            self._abandon_quietly(got, "commit interrupted")
+            raise
         return True
 
     def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], T],

@@ -131,19 +131,35 @@ class StageCacheConfig:
                 raise TypeError(f"embedding_cache.{f.name}: {v!r} is a {type(v).__name__}, want a {f.type}")
         if self.store_unavailable_mode not in ("degrade", "strict"):
             raise ValueError(f"store_unavailable_mode {self.store_unavailable_mode!r}: want degrade or strict")
-        if min(self.request_timeout_s, self.agent_timeout_s, self.lease_ttl_s, self.store_ttl_s) <= 0:
+        if not all(0 < t <= 86400 * 365 for t in (self.request_timeout_s, self.agent_timeout_s, self.lease_ttl_s,
+                                                  self.store_ttl_s)):  # also refuses NaN and infinity
             raise ValueError("timeouts and TTLs must be positive")
         if self.local_max_bytes < 0 or self.shm_max_bytes < 0:
             raise ValueError("budgets must be >= 0 (0: the agent's default)")
 
     @classmethod
     def from_stage_config(cls, stage: Optional[Mapping[str, Any]]) -> "StageCacheConfig":
-        """Reads the ``embedding_cache`` block of a parsed stage config (or
-        the block itself); a missing block means the cache is off."""
+        """Reads the ``embedding_cache`` block of a parsed stage config, or
+        the block itself. A stage without the block, or with an empty one
+        (YAML ``embedding_cache:`` and nothing under it), has the cache
+        off. A mapping that names some of the block's fields is read as the
+        block, and any other key in it is an error (a misspelt field would
+        otherwise be dropped)."""
         if not stage:
             return cls()
-        block = stage.get("embedding_cache", stage)
+        if not isinstance(stage, Mapping):
+            raise TypeError(f"a stage config is a mapping, not a {type(stage).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        if "embedding_cache" in stage:
+            block = stage["embedding_cache"]
+            if block is None:
+                return cls()
+            if not isinstance(block, Mapping):
+                raise TypeError(f"embedding_cache: {block!r} is a {type(block).__name__}, want a mapping")
+        elif names & set(stage):
+            block = stage
+        else:
+            return cls()  # a stage without the block
         unknown = sorted(set(block) - names)
         if unknown:
             raise ValueError(f"embedding_cache: unknown keys {unknown}")

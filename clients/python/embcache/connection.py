@@ -6,6 +6,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 import weakref
 from typing import List, Mapping, Optional, Tuple
 
@@ -37,8 +38,9 @@ class Connection:
     Any failure closes the connection: what is left on its stream is not
     known."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, client: str = ""):
         self.path = path
+        self.client = client  # sent with every call (Embcache-Client): the agent keeps its pins while we are open
         self.sock: Optional[socket.socket] = None
         self.buf = b""
         self.name = os.urandom(8).hex()  # random: unique among every process's connections
@@ -67,20 +69,23 @@ class Connection:
         return s
 
     def request(self, method: str, target: str, body: object = b"", *, timeout: float,
-                content_type: str = "application/json",
-                headers: Optional[Mapping[str, str]] = None) -> Tuple[int, bytes]:
+                content_type: str = "application/json", headers: Optional[Mapping[str, str]] = None,
+                total: Optional[float] = None) -> Tuple[int, bytes]:
         """Makes one call; returns (status, body). body is bytes-like (sent
-        without a copy when large). Raises AgentTimeout past timeout,
-        AgentUnavailable for a socket that fails, AnswerMismatch for an
-        answer to another call; each closes the connection."""
+        without a copy when large). timeout bounds each wait for the agent;
+        total, if given, the whole call, whose 1xx answers (heartbeats) are
+        skipped. Raises AgentTimeout past either, AgentUnavailable for a
+        socket that fails, AnswerMismatch for an answer to another call;
+        each closes the connection."""
         try:
-            return self._request(method, target, body, timeout, content_type, headers)
+            return self._request(method, target, body, timeout, content_type, headers, total)
         except AnswerMismatch:
             self.close()
             raise
         except socket.timeout as e:
             self.close()
-            raise AgentTimeout(f"agent at {self.path}: no answer to {method} {target} in {timeout:g}s") from e
+            raise AgentTimeout(f"agent at {self.path}: no answer to {method} {target} in {timeout:g}s "
+                               "(it hangs, or is overloaded)") from e
         except AgentUnavailable:
             self.close()
             raise
@@ -89,7 +94,7 @@ class Connection:
             raise AgentUnavailable(f"agent at {self.path}: {method} {target}: {e}") from e
 
     def _request(self, method: str, target: str, body: object, timeout: float, content_type: str,
-                 headers: Optional[Mapping[str, str]]) -> Tuple[int, bytes]:
+                 headers: Optional[Mapping[str, str]], total: Optional[float]) -> Tuple[int, bytes]:
         sock = self.sock
         if sock is None:
             sock = self._connect(timeout)
@@ -99,6 +104,8 @@ class Connection:
         call = f"{self.name}.{self.calls}"
         data = memoryview(body).cast("B") if not isinstance(body, bytes) else body  # type: ignore[arg-type]
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        if self.client:
+            extra += f"Embcache-Client: {self.client}\r\n"
         head = (f"{method} {target} HTTP/1.1\r\nHost: agent\r\nContent-Type: {content_type}\r\n{extra}"
                 f"Embcache-Call: {call}\r\nContent-Length: {len(data)}\r\n\r\n").encode("ascii")
         if len(data) < _JOIN_BELOW:
@@ -106,7 +113,12 @@ class Connection:
         else:
             sock.sendall(head)
             sock.sendall(data)
+        deadline = time.monotonic() + total if total is not None else None
         status, echoed, answer = self._read_answer()
+        while 100 <= status < 200:  # a heartbeat: the agent is alive, the answer comes later
+            if deadline is not None and time.monotonic() > deadline:
+                raise AgentTimeout(f"agent at {self.path}: {method} {target} got no answer in {total:g}s")
+            status, echoed, answer = self._read_answer()
         if echoed != call.encode("ascii"):
             raise AnswerMismatch(f"agent at {self.path}: {method} {target} was call {call}, the answer is to "
                                  f"call {echoed.decode(errors='replace') or '(none named)'}")
@@ -215,8 +227,9 @@ class Pool:
     It belongs to the process that made it: a forked child must disown an
     inherited pool (its sockets are the parent's) and make its own."""
 
-    def __init__(self, path: str, max_idle: int):
+    def __init__(self, path: str, max_idle: int, client: str = ""):
         self.path = path
+        self.client = client
         self.max_idle = max(1, max_idle)
         self.lock = threading.Lock()
         self.idle: List[Connection] = []
@@ -227,7 +240,7 @@ class Pool:
 
     def take(self) -> Connection:
         with self.lock:
-            c = self.idle.pop() if self.idle else Connection(self.path)
+            c = self.idle.pop() if self.idle else Connection(self.path, self.client)
             self.busy.add(c)
             return c
 

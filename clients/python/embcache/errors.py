@@ -43,6 +43,7 @@ class APIError(EmbcacheError):
     """The agent answered a call with an error (its status and code)."""
 
     def __init__(self, status: int, code: str, message: str):
+        message = message.removeprefix("agent: ")
         super().__init__(f"agent: {status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
 

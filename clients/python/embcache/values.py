@@ -124,7 +124,8 @@ class Mappings:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._lru: "collections.OrderedDict[str, Tuple[mmap.mmap, str]]" = collections.OrderedDict()
+        self._lru: "collections.OrderedDict[str, Tuple[Tuple[mmap.mmap, Tuple[int, int]], str]]" = \
+            collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -134,37 +135,45 @@ class Mappings:
         lock at fork(), and no thread of the child would ever release it."""
         self._lock = threading.Lock()
 
-    def get(self, file: str, checksum: str, need: int) -> mmap.mmap:
+    def get(self, file: str, checksum: str, need: int) -> Tuple[mmap.mmap, Tuple[int, int]]:
+        """A read-only mapping of file, and the file's (device, inode)."""
         with self._lock:
             hit = self._lru.get(file)
-            if hit is not None and hit[1] == checksum and len(hit[0]) >= need:
+            if hit is not None and hit[1] == checksum and len(hit[0][0]) >= need:
                 self._lru.move_to_end(file)
                 return hit[0]
-        mm = map_file(file, need, mmap.ACCESS_READ)
+        mm, ident = map_file(file, need, mmap.ACCESS_READ)
         size = len(mm)
         with self._lock:
             old = self._lru.pop(file, None)
             if old is not None:
-                self._bytes -= len(old[0])
+                self._bytes -= len(old[0][0])
             if self.max_bytes > 0:
-                self._lru[file] = (mm, checksum)
+                self._lru[file] = ((mm, ident), checksum)
                 self._bytes += size
             while self._bytes > self.max_bytes and self._lru:
-                _, (dropped, _) = self._lru.popitem(last=False)
+                _, ((dropped, _), _) = self._lru.popitem(last=False)
                 self._bytes -= len(dropped)  # unmapped by its last reference
-        return mm
+        return mm, ident
 
 
-def map_file(file: str, need: int, access: int) -> mmap.mmap:
-    """Maps the whole of file (at least need bytes long)."""
-    fd = os.open(file, os.O_RDONLY)
+def map_file(file: str, need: int, access: int) -> Tuple[mmap.mmap, Tuple[int, int]]:
+    """Maps the whole of file (at least need bytes long); returns the
+    mapping and the file's (device, inode)."""
     try:
-        size = os.fstat(fd).st_size
-        if need > size:
-            raise EmbcacheError(f"hit needs {need} bytes of {file}, which has {size}")
-        if size == 0:
+        fd = os.open(file, os.O_RDONLY)
+    except OSError as e:
+        raise EmbcacheError(f"the hit's file cannot be opened here (is the agent's shm directory this "
+                            f"process's too?): {e}") from e
+    try:
+        st = os.fstat(fd)
+        if need > st.st_size:
+            raise EmbcacheError(f"hit needs {need} bytes of {file}, which has {st.st_size}")
+        if st.st_size == 0:
             raise EmbcacheError(f"hit file {file} is empty")
-        return mmap.mmap(fd, size, access=access)
+        return mmap.mmap(fd, st.st_size, access=access), (st.st_dev, st.st_ino)
+    except OSError as e:
+        raise EmbcacheError(f"the hit's file {file} cannot be mapped: {e}") from e
     finally:
         os.close(fd)
 
@@ -188,7 +197,8 @@ class Embedding:
         if offset < 0 or length < 0:
             raise EmbcacheError(f"hit [{offset}, +{length}) of {self.file}")
         self._offset, self._length = offset, length
-        self._mmap: Optional[mmap.mmap] = (mappings or Mappings(0)).get(self.file, self.checksum, offset + length)
+        self._mmap: Optional[mmap.mmap]
+        self._mmap, self._ident = (mappings or Mappings(0)).get(self.file, self.checksum, offset + length)
         whole = memoryview(self._mmap)
         self.buffer: memoryview = whole[offset:offset + length]  # read-only
         self._views = [whole, self.buffer]
@@ -198,6 +208,8 @@ class Embedding:
         which numpy lacks, comes back as uint16."""
         if _np is None:
             raise EmbcacheError("numpy is not installed")
+        if self.dtype not in _NUMPY_DTYPES:
+            raise EmbcacheError(f"a {self.kind} value has no tensor (dtype {self.dtype!r}): see .tokens")
         arr = _np.frombuffer(self.buffer, dtype=_np.dtype(_NUMPY_DTYPES[self.dtype]))
         return arr.reshape(self.shape) if self.shape else arr
 
@@ -207,19 +219,22 @@ class Embedding:
         no copy is made to read it, and a write changes only this tensor's
         pages (copied by the kernel as they are written), never the cache's
         value nor another view of it. clone=True returns an ordinary copy
-        instead. If the file is already gone (the request's pin released,
-        the value evicted), the tensor is a copy."""
+        instead. If the file is gone or replaced (the request's pin
+        released, the value evicted), the tensor is a copy."""
         import torch
 
-        data: Any
-        if clone or self._length == 0:
-            data = bytearray(self.buffer)
-        else:
+        if self.dtype not in _NUMPY_DTYPES:
+            raise EmbcacheError(f"a {self.kind} value has no tensor (dtype {self.dtype!r}): see .tokens")
+        data: Any = None
+        if not clone and self._length > 0:
             try:
-                private = map_file(self.file, self._offset + self._length, mmap.ACCESS_COPY)
-                data = memoryview(private)[self._offset:self._offset + self._length]
-            except (OSError, EmbcacheError):
-                data = bytearray(self.buffer)
+                private, ident = map_file(self.file, self._offset + self._length, mmap.ACCESS_COPY)
+                if ident == self._ident:  # the file this hit mapped, not another at its path
+                    data = memoryview(private)[self._offset:self._offset + self._length]
+            except EmbcacheError:
+                pass
+        if data is None:
+            data = bytearray(self.buffer)
         if len(data) == 0:
             t = torch.empty(0, dtype=getattr(torch, self.dtype))
         elif self.dtype == "bfloat16":

@@ -7,7 +7,8 @@ import threading
 import time
 import unittest
 
-from embcache import (AsyncEmbeddingCache, Embedding, EmbeddingCache, HiddenPrefix, Reservation, Tensor, Tokens)
+from embcache import (AsyncEmbeddingCache, EmbcacheError, Embedding, EmbeddingCache, HiddenPrefix, Reservation,
+                      StageCacheConfig, Tensor, Tokens)
 
 from . import harness
 
@@ -81,6 +82,53 @@ class APITest(unittest.TestCase):
         self.assertEqual(hit.tobytes(), bytes(range(24)))
         hit.close()
         c.cleanup_request("r1")
+
+    @unittest.skipIf(np is None, "numpy not installed")
+    def test_empty_tensors(self):
+        c = self.client()
+        for i, shape in enumerate([(0,), (0, 4), (3, 0, 2)]):
+            empty = np.zeros(shape, dtype=np.float32)
+            key = c.key_from_decoded_tensor(harness.config(), empty)
+            self.assertIs(c.get_or_compute(key, lambda: empty, f"e{i}"), empty)
+            hit = c.reserve(key, f"e{i}")
+            self.assertEqual((hit.shape, hit.tobytes()), (shape, b""))
+            self.assertEqual(hit.numpy().shape, shape)
+            hit.close()
+            c.cleanup_request(f"e{i}")
+
+    def test_tokens_hit_elsewhere_names_no_dtype(self):
+        a, b = self.client(), self.client(self.sock2)
+        cfg = harness.config(modality="tokens", resize_mode="", image_size=(0, 0), crop_mode="", normalize_mean=(),
+                             normalize_std=(), input_dtype="int32", audio_codec_version="c1",
+                             audio_codec_config_hash="h1")
+        key = a.key_from_tokens(cfg, [5, 6, 7, 8])
+        a.put(key, Tokens([1, 2]))
+        harness.wait_until(lambda: b.get(key, "t") is not None, what="the tokens elsewhere")
+        hit = b.get(key, "t")
+        self.assertEqual((hit.kind, hit.dtype, hit.tokens), ("tokens", "", (1, 2)))
+        with self.assertRaises(EmbcacheError):
+            hit.numpy()
+        hit.close()
+        b.cleanup_request("t")
+
+    def test_settings_are_checked(self):
+        for bad in (0, -1, float("inf"), float("nan"), 1e12):
+            with self.assertRaises(ValueError):
+                EmbeddingCache(self.sock, agent_timeout=bad)
+            with self.assertRaises(ValueError):
+                EmbeddingCache(self.sock, compute_timeout=bad)
+        with self.assertRaises(ValueError):
+            StageCacheConfig(agent_timeout_s=float("inf"))
+        # A stage without the block, or with an empty one: off.
+        for stage in ({"stage_id": 0, "engine_args": {}}, {"embedding_cache": None}, {}, None):
+            self.assertFalse(StageCacheConfig.from_stage_config(stage).enable_embedding_cache, stage)
+        with self.assertRaises(TypeError):
+            StageCacheConfig.from_stage_config({"embedding_cache": "true"})
+        with self.assertRaises(ValueError):  # the block itself, with a misspelt field
+            StageCacheConfig.from_stage_config({"enable_embedding_cache": True, "agent_sockett": "/x"})
+        self.assertTrue(StageCacheConfig.from_stage_config({"enable_embedding_cache": True}).enable_embedding_cache)
+        with self.assertRaises(EmbcacheError):
+            EmbeddingCache(enabled=False).reserve(None, "r")
 
     def test_keys_of_sent_bytes_are_the_json_keys(self):
         # /v1/key/bytes (what the client sends) against /v1/key (JSON,

@@ -160,9 +160,9 @@ class MappingsTest(unittest.TestCase):
             with open(p, "wb") as f:
                 f.write(b"x" * 4096)
         m = _Mappings(8192)
-        first = m.get(a, "sum1", 4096)
-        self.assertIs(m.get(a, "sum1", 4096), first)  # the same value: the same pages
-        self.assertIsNot(m.get(a, "sum2", 4096), first)  # another value at that path: mapped anew
+        first = m.get(a, "sum1", 4096)[0]
+        self.assertIs(m.get(a, "sum1", 4096)[0], first)  # the same value: the same pages
+        self.assertIsNot(m.get(a, "sum2", 4096)[0], first)  # another value at that path: mapped anew
         with self.assertRaises(Exception):
             m.get(a, "sum3", 8192)  # the hit says more bytes than the file has
         m.get(b, "sum1", 4096)

@@ -8,11 +8,15 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 import time
 import unittest
+from unittest import mock
 
 from embcache import (AgentTimeout, AgentUnavailable, ComputeTimeout, Embedding, EmbeddingCache, EmbeddingCacheKey,
                       InvalidValue, Reservation, StoreFull, StoreUnavailable, Tensor)
+
+import embcache.client
 
 from . import harness
 
@@ -98,7 +102,7 @@ class AgentFailureTest(unittest.TestCase):
 
     def test_hung_agent_costs_agent_timeout(self):
         sock, proc = self.agent("n1")
-        degrade, strict = both(sock, agent_timeout=1.0, compute_timeout=1.0)
+        degrade, strict = both(sock, agent_timeout=1.0, compute_timeout=60.0)
         self.addCleanup(degrade.close)
         self.addCleanup(strict.close)
         key = degrade.key_from_raw_bytes(harness.config(), b"hung")
@@ -111,18 +115,20 @@ class AgentFailureTest(unittest.TestCase):
             with self.assertLogs("embcache", "WARNING") if degrade.degraded == 0 else _nothing():
                 self.assertEqual(call(), want)
             elapsed = time.monotonic() - t0
-            # agent_timeout (1 s); a lookup may wait compute_timeout more (1 s): never 300 s, never twice.
+            # agent_timeout (1 s); a lookup's silences max(agent_timeout, 2 s)
+            # (its heartbeats are 1 s apart): never compute_timeout, never twice.
             self.assertLess(elapsed, 2.9)
         t0 = time.monotonic()
         with self.assertRaises(AgentTimeout):
             strict.key_from_raw_bytes(harness.config(), b"hung")
         self.assertLess(time.monotonic() - t0, 1.9)
         proc.send_signal(signal.SIGCONT)
-        # The agent answers again: the episode ends, with one line.
-        with self.assertLogs("embcache", "WARNING") as logs:
+        # The agent answers again: the episode ends, with one line (once the
+        # quiet time since the episode's first line has passed).
+        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
             harness.wait_until(lambda: degrade.key_from_raw_bytes(harness.config(), b"hung") == key,
                                what="the agent answering again")
-        self.assertIn("answers again", logs.records[-1].getMessage())
+        self.assertIn("serves again", logs.records[-1].getMessage())
 
     def test_compute_past_the_timeout(self):
         sock, _ = self.agent("n1", "--compute-timeout", "1s")
@@ -186,6 +192,23 @@ class AgentFailureTest(unittest.TestCase):
         self.assertEqual(strict.key_from_raw_bytes(harness.config(), b"nats down"), key)
 
 
+class EpisodeTest(unittest.TestCase):
+    def test_a_flapping_store_logs_once(self):
+        # Under a store outage, local hits succeed between failures: one
+        # line, not one per pair of calls.
+        ep = embcache.client._Episode()
+        with self.assertLogs("embcache", "WARNING") as logs:
+            for _ in range(20):
+                ep.failed("get", RuntimeError("store unavailable"))
+                ep.ok()
+        self.assertEqual(len(logs.records), 1, [r.getMessage() for r in logs.records])
+        self.assertEqual(ep.total, 20)
+        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
+            ep.failed("get", RuntimeError("again"))
+            ep.ok()
+        self.assertIn("21 calls were served without it", logs.records[-1].getMessage())
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -206,6 +229,24 @@ class ReservationTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.cluster.close()
+
+    def test_a_long_wait_lives_on_heartbeats(self):
+        # agent_timeout bounds each silence, not the wait: a lookup waits 3 s
+        # for another process's compute with agent_timeout=1.
+        with EmbeddingCache(self.sock, store_unavailable_mode="strict") as holder, \
+                EmbeddingCache(self.sock, store_unavailable_mode="strict", agent_timeout=1.0) as waiter:
+            key = holder.key_from_raw_bytes(harness.config(), b"a long compute")
+            r = holder.reserve(key, "h")
+            timer = threading.Timer(3.0, holder.commit, args=(r, VALUE))
+            timer.start()
+            t0 = time.monotonic()
+            got = waiter.reserve(key, "w")
+            self.assertGreater(time.monotonic() - t0, 2.5)
+            timer.join()
+            self.assertIsInstance(got, Embedding)
+            self.assertEqual(got.tobytes(), VALUE.data)
+            got.close()
+            waiter.cleanup_request("w")
 
     def test_commit_after_abandon_is_typed(self):
         from embcache import ReservationEnded
