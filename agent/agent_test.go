@@ -199,14 +199,15 @@ func TestKeyVectors(t *testing.T) {
 func TestKeyRejectsMissingField(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	c := client(t, n)
-	cfg := testConfigMap()
-	delete(cfg, "crop_mode")
-	cfg["crop"] = "center"
-	_, err := c.Key(context.Background(), agent.KeyRequest{Config: configJSON(cfg), Mode: "raw-bytes", Data: []byte("x")})
 	var apiErr *agent.APIError
-	if !errors.As(err, &apiErr) || apiErr.Status != 400 || !bytes.Contains([]byte(apiErr.Message), []byte("crop_mode")) ||
-		!bytes.Contains([]byte(apiErr.Message), []byte("crop")) {
-		t.Fatalf("err %v", err)
+	missing, unknown := testConfigMap(), testConfigMap()
+	delete(missing, "crop_mode")
+	unknown["crop"] = "center"
+	for field, cfg := range map[string]map[string]any{"crop_mode": missing, `"crop"`: unknown} {
+		_, err := c.Key(context.Background(), agent.KeyRequest{Config: configJSON(cfg), Mode: "raw-bytes", Data: []byte("x")})
+		if !errors.As(err, &apiErr) || apiErr.Status != 400 || !bytes.Contains([]byte(apiErr.Message), []byte(field)) {
+			t.Fatalf("%s: err %v", field, err)
+		}
 	}
 	for _, req := range []agent.KeyRequest{
 		{Config: testConfig(), Mode: "pixels"},

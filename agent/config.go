@@ -1,54 +1,16 @@
 package agent
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"reflect"
-	"slices"
-	"strings"
 
 	"github.com/embcache/embcache/cachekey"
 )
 
-// configFields are the JSON names of every PreprocessingConfig field.
-var configFields = func() []string {
-	t := reflect.TypeFor[cachekey.PreprocessingConfig]()
-	names := make([]string, 0, t.NumField())
-	for f := range t.Fields() {
-		names = append(names, strings.Split(f.Tag.Get("json"), ",")[0])
-	}
-	return names
-}()
-
-// decodeConfig decodes a config that names every field, and nothing else.
+// decodeConfig decodes a config strictly (cachekey.DecodeConfig): every
+// field, under its exact name, once, and nothing else.
 func decodeConfig(raw json.RawMessage) (cachekey.PreprocessingConfig, error) {
-	var cfg cachekey.PreprocessingConfig
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return cfg, fmt.Errorf("config: %w", err)
-	}
-	var missing, unknown []string
-	for _, f := range configFields {
-		if _, ok := m[f]; !ok {
-			missing = append(missing, f)
-		}
-	}
-	for f := range m {
-		if !slices.Contains(configFields, f) {
-			unknown = append(unknown, f)
-		}
-	}
-	if len(missing) > 0 || len(unknown) > 0 {
-		slices.Sort(unknown)
-		return cfg, fmt.Errorf("config: missing fields %v, unknown fields %v (every field is part of the key)", missing, unknown)
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
-		return cfg, fmt.Errorf("config: %w", err)
-	}
-	return cfg, cfg.Validate()
+	return cachekey.DecodeConfig(raw)
 }
 
 // key answers a KeyRequest.

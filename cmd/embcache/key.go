@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -17,22 +21,22 @@ func newKey() *cobra.Command {
 		Use:   "key --config FILE (--raw FILE | --tensor FILE --dtype D --shape A,B,.. | --tokens FILE)",
 		Short: "Print the content-addressed key of an input",
 		Long: "key prints {\"key\": \"<64 hex>\", \"mode\": \"...\"} for an input under a preprocessing config\n" +
-			"(a JSON file with the fields of docs/protocol.md section 1). --tokens reads whitespace-separated\n" +
-			"token ids. An invalid config or input exits with status 2 and names the field.",
+			"(a JSON file with every field of docs/protocol.md section 1, under its exact name, once; at most\n" +
+			"96 KiB). --raw and --tensor are read as a stream through BLAKE3: memory stays under a few MiB\n" +
+			"whatever the input's size (a file, a pipe, /dev/stdin). --tokens reads whitespace-separated token\n" +
+			"ids. An invalid config or input exits with status 2 and names the field.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configPath == "" {
 				return usagef("--config is required")
 			}
-			raw, err := os.ReadFile(configPath)
+			raw, err := readAtMost(configPath, cachekey.MaxConfigBytes)
 			if err != nil {
-				return usagef("%v", err)
-			}
-			var cfg cachekey.PreprocessingConfig
-			dec := json.NewDecoder(strings.NewReader(string(raw)))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&cfg); err != nil {
 				return usagef("config %s: %v", configPath, err)
+			}
+			cfg, err := cachekey.DecodeConfig(raw)
+			if err != nil {
+				return usagef("config %s: %w", configPath, err)
 			}
 			keyer, err := cachekey.NewKeyer(cfg)
 			if err != nil {
@@ -51,20 +55,16 @@ func newKey() *cobra.Command {
 			var mode cachekey.Mode
 			switch {
 			case rawPath != "":
-				data, err := os.ReadFile(rawPath)
+				f, err := os.Open(rawPath)
 				if err != nil {
 					return usagef("%v", err)
 				}
-				key, err = keyer.RawBytes(data)
-				if err != nil {
-					return usageError{err}
+				defer f.Close()
+				if key, err = keyer.RawBytesFrom(f); err != nil {
+					return keyInputError(err)
 				}
 				mode = cachekey.ModeRawBytes
 			case tensorPath != "":
-				data, err := os.ReadFile(tensorPath)
-				if err != nil {
-					return usagef("%v", err)
-				}
 				d, err := cachekey.ParseDType(dtype)
 				if err != nil {
 					return usageError{err}
@@ -73,22 +73,33 @@ func newKey() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if key, err = keyer.Tensor(cachekey.Tensor{DType: d, Shape: dims, Data: data}); err != nil {
-					return usageError{err}
-				}
-				mode = cachekey.ModeTensor
-			default:
-				text, err := os.ReadFile(tokensPath)
+				f, err := os.Open(tensorPath)
 				if err != nil {
 					return usagef("%v", err)
 				}
-				var tokens []uint32
-				for _, f := range strings.Fields(string(text)) {
-					v, err := strconv.ParseUint(f, 10, 32)
+				defer f.Close()
+				if key, err = keyer.TensorFrom(d, dims, f); err != nil {
+					return keyInputError(err)
+				}
+				mode = cachekey.ModeTensor
+			default:
+				f, err := os.Open(tokensPath)
+				if err != nil {
+					return usagef("%v", err)
+				}
+				defer f.Close()
+				var tokens []uint32 // 4 bytes a token: the text is not held
+				words := bufio.NewScanner(f)
+				words.Split(bufio.ScanWords)
+				for words.Scan() {
+					v, err := strconv.ParseUint(words.Text(), 10, 32)
 					if err != nil {
-						return usagef("token %q: %v", f, err)
+						return usagef("token %q: %v", words.Text(), err)
 					}
 					tokens = append(tokens, uint32(v))
+				}
+				if err := words.Err(); err != nil {
+					return usagef("%s: %v", tokensPath, err)
 				}
 				if key, err = keyer.Tokens(blockSize, tokens); err != nil {
 					return usageError{err}
@@ -122,4 +133,30 @@ func parseShape(s string) ([]int64, error) {
 		dims = append(dims, d)
 	}
 	return dims, nil
+}
+
+// readAtMost reads a file of at most limit bytes.
+func readAtMost(path string, limit int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > limit {
+		return nil, fmt.Errorf("more than %d bytes (a config is at most that)", limit)
+	}
+	return data, nil
+}
+
+// keyInputError is an input that cannot be keyed (exit 2), or a failed read
+// (exit 1).
+func keyInputError(err error) error {
+	if errors.Is(err, cachekey.ErrInvalidInput) || errors.Is(err, cachekey.ErrInvalidConfig) {
+		return usageError{err}
+	}
+	return err
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,6 +101,60 @@ func TestUsageErrorsExit2(t *testing.T) {
 	}
 	if _, stderr, code := run(t, "stats", "--nats", "nats://127.0.0.1:1", "--timeout", "200ms"); code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
 		t.Errorf("stats against no server: exit %d: %s", code, stderr)
+	}
+}
+
+// TestKeyRefusesLenientConfigs: each way of getting a config wrong exits 2
+// naming the field; a config that decoded leniently would take another's
+// key. The inputs are read as a stream: a large one costs no memory.
+func TestKeyRefusesLenientConfigs(t *testing.T) {
+	dir := t.TempDir()
+	good := `{"cache_schema_version":1,"model_id":"m","model_revision":"r","encoder_config_hash":"h",` +
+		`"processor_version":"p","resize_mode":"bicubic","image_size":[448,448],"crop_mode":"center",` +
+		`"normalize_mean":[0.5],"normalize_std":[0.5],"audio_sample_rate":0,"audio_codec_version":"",` +
+		`"audio_codec_config_hash":"","video_frame_stride":0,"input_dtype":"bfloat16","modality":"image",` +
+		`"weight_epoch":0,"tenant":"acme"}`
+	input := filepath.Join(dir, "input")
+	os.WriteFile(input, []byte("jpeg"), 0o600)
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if out, stderr, code := run(t, "key", "--config", write("good", good), "--raw", input); code != 0 || !strings.Contains(out, `"key"`) {
+		t.Fatalf("good config: exit %d %s %s", code, out, stderr)
+	}
+	for field, text := range map[string]string{
+		"weight_epoch":        strings.Replace(good, `"weight_epoch":0,`, "", 1),
+		"video_frame_stride":  strings.Replace(good, `"video_frame_stride":0,`, "", 1),
+		"MODEL_ID":            strings.Replace(good, `"model_id"`, `"MODEL_ID"`, 1),
+		"after the config":    good + `{"tenant":"other"}`,
+		"image_size":          strings.Replace(good, `[448,448]`, `[448,448,3]`, 1),
+		"tenant: given twice": strings.Replace(good, `{`, `{"tenant":"x",`, 1),
+		"at most":             `{"model_id":"` + strings.Repeat("x", 100<<10) + `"}`,
+	} {
+		_, stderr, code := run(t, "key", "--config", write("bad", text), "--raw", input)
+		if code != 2 || !strings.Contains(stderr, field) {
+			t.Errorf("%s: exit %d, want 2 naming it: %s", field, code, stderr)
+		}
+	}
+	// A 1 GiB sparse input is keyed in bounded memory (a stream): the
+	// process's peak resident set stays under 64 MiB.
+	big := filepath.Join(dir, "big")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(1 << 30)
+	f.Close()
+	cmd := exec.Command(binary, "key", "--config", write("good", good), "--raw", big)
+	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), `"key"`) {
+		t.Fatalf("1 GiB input: %v %s", err, out)
+	}
+	if rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss; rss > 64<<10 { // KiB
+		t.Fatalf("keying a 1 GiB input took %d KiB resident, want under 64 MiB", rss)
 	}
 }
 

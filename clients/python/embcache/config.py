@@ -44,6 +44,10 @@ class EncoderPreprocessingConfig:
         # Lists from JSON or YAML become tuples: the config stays hashable.
         for name in ("image_size", "normalize_mean", "normalize_std"):
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        # The agent refuses the rest (docs/protocol.md 1.1); this one would
+        # otherwise be sent as it is and refused there with less context.
+        if len(self.image_size) != 2:
+            raise ValueError(f"image_size {self.image_size!r}: want (width, height)")
 
     def to_wire(self) -> Dict[str, Any]:
         """The config as the agent takes it: every field, by its wire name."""

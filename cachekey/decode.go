@@ -1,0 +1,180 @@
+package cachekey
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// MaxConfigBytes bounds a config's JSON text: the largest valid config
+// (every string at MaxStringLen, 64 floats per list) is under 64 KiB.
+const MaxConfigBytes = 96 << 10
+
+// DecodeConfig decodes the JSON text of a config (docs/protocol.md section
+// 1.1) strictly, and validates it: every field present, under its exact
+// name (no other spelling, no unknown field, none twice), of its JSON type
+// (integers exact, image_size exactly [width, height], the normalize lists
+// lists, where null is the empty list, as Go writes one, and the only
+// field null may stand for), one object and nothing after it, at
+// most MaxConfigBytes. A config refused here has no key: one that decoded
+// leniently could take another config's key (a silent false hit). The
+// error wraps ErrInvalidConfig and names one field.
+func DecodeConfig(data []byte) (PreprocessingConfig, error) {
+	var cfg PreprocessingConfig
+	if len(data) > MaxConfigBytes {
+		return cfg, fmt.Errorf("%w: %d bytes of JSON, at most %d", ErrInvalidConfig, len(data), MaxConfigBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return cfg, fmt.Errorf("%w: want a JSON object", ErrInvalidConfig)
+	}
+	fields := configFields()
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return cfg, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
+		name := t.(string) // an object's keys are strings
+		f, ok := fields[name]
+		if !ok {
+			return cfg, fmt.Errorf("%w: %q: unknown field (names are exact, lower case)", ErrInvalidConfig, name)
+		}
+		if seen[name] {
+			return cfg, fmt.Errorf("%w: %s: given twice", ErrInvalidConfig, name)
+		}
+		seen[name] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return cfg, fmt.Errorf("%w: %s: %v", ErrInvalidConfig, name, err)
+		}
+		if err := decodeField(reflect.ValueOf(&cfg).Elem().Field(f), raw); err != nil {
+			return cfg, fmt.Errorf("%w: %s: %v", ErrInvalidConfig, name, err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return cfg, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return cfg, fmt.Errorf("%w: data after the config object", ErrInvalidConfig)
+	}
+	for _, name := range configFieldOrder {
+		if !seen[name] {
+			return cfg, fmt.Errorf("%w: %s: missing (every field is part of the key; give the empty value "+
+				"the modality calls for)", ErrInvalidConfig, name)
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+// configFieldOrder is the JSON names in the protocol's order.
+var configFieldOrder = func() []string {
+	t := reflect.TypeFor[PreprocessingConfig]()
+	names := make([]string, 0, t.NumField())
+	for f := range t.Fields() {
+		names = append(names, strings.Split(f.Tag.Get("json"), ",")[0])
+	}
+	return names
+}()
+
+// configFields maps each JSON name to its struct field's index.
+func configFields() map[string]int {
+	m := make(map[string]int, len(configFieldOrder))
+	for i, name := range configFieldOrder {
+		m[name] = i
+	}
+	return m
+}
+
+// decodeField decodes raw into v by v's type, exactly.
+func decodeField(v reflect.Value, raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	if bytes.Equal(raw, []byte("null")) {
+		if v.Kind() == reflect.Slice {
+			v.Set(reflect.MakeSlice(v.Type(), 0, 0)) // an empty list, as Go writes one: the same key as []
+			return nil
+		}
+		return errors.New("null: give the field's empty value (\"\" or 0)")
+	}
+	switch v.Interface().(type) {
+	case string:
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return errors.New("want a string")
+		}
+		v.SetString(s)
+	case int64:
+		n, err := exactInt(raw)
+		if err != nil {
+			return err
+		}
+		v.SetInt(n)
+	case uint64:
+		if len(raw) > 0 && raw[0] == '-' {
+			return errors.New("want a non-negative integer")
+		}
+		n, err := strconv.ParseUint(string(raw), 10, 64)
+		if err != nil {
+			return errors.New("want a non-negative integer")
+		}
+		v.SetUint(n)
+	case [2]int64:
+		var nums []json.Number
+		if err := json.Unmarshal(raw, &nums); err != nil {
+			return errors.New("want [width, height]")
+		}
+		if len(nums) != 2 {
+			return fmt.Errorf("want [width, height], got %d values", len(nums))
+		}
+		for i, n := range nums {
+			x, err := exactInt([]byte(n))
+			if err != nil {
+				return err
+			}
+			v.Index(i).SetInt(x)
+		}
+	case []float64:
+		var nums []json.Number
+		if err := json.Unmarshal(raw, &nums); err != nil {
+			return errors.New("want a list of numbers ([] when empty)")
+		}
+		out := make([]float64, len(nums))
+		for i, n := range nums {
+			f, err := strconv.ParseFloat(string(n), 64)
+			if err != nil || math.IsInf(f, 0) {
+				return fmt.Errorf("value %d (%s): want a finite number", i, n)
+			}
+			out[i] = f
+		}
+		v.Set(reflect.ValueOf(out))
+	case Modality:
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return errors.New("want a string")
+		}
+		m, err := ParseModality(s)
+		if err != nil {
+			return err
+		}
+		v.Set(reflect.ValueOf(m))
+	default:
+		return fmt.Errorf("no decoder for %v", v.Type()) // a field added without one: TestDecodeConfigEveryField
+	}
+	return nil
+}
+
+// exactInt parses a JSON integer: no fraction, no exponent, in range.
+func exactInt(raw []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: want an integer", raw)
+	}
+	return n, nil
+}

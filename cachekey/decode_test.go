@@ -1,0 +1,76 @@
+package cachekey
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func configText(t *testing.T, cfg PreprocessingConfig) string {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestDecodeConfig: every valid config decodes to itself; each way of
+// getting one wrong is refused, naming the field.
+func TestDecodeConfig(t *testing.T) {
+	for _, cfg := range []PreprocessingConfig{imageConfig(), videoConfig(), audioConfig(), tokensConfig()} {
+		got, err := DecodeConfig([]byte(configText(t, cfg)))
+		want, _ := NewKeyer(cfg)
+		k, kerr := NewKeyer(got)
+		if err != nil || kerr != nil || string(k.encoded) != string(want.encoded) {
+			t.Fatalf("%v: %+v %v %v", cfg.Modality, got, err, kerr)
+		}
+	}
+	good := configText(t, imageConfig())
+	edit := func(old, new string) string {
+		if !strings.Contains(good, old) {
+			t.Fatalf("%q not in %s", old, good)
+		}
+		return strings.Replace(good, old, new, 1)
+	}
+	for _, tc := range []struct{ name, text, field string }{
+		{"missing", edit(`"weight_epoch":0,`, ""), "weight_epoch"},
+		{"missing audio", edit(`"audio_sample_rate":0,`, ""), "audio_sample_rate"},
+		{"case", edit(`"model_id"`, `"MODEL_ID"`), "MODEL_ID"},
+		{"unknown", edit(`{`, `{"colour":"red",`), "colour"},
+		{"twice", edit(`{`, `{"tenant":"other",`), "tenant"},
+		{"trailing", good + ` {}`, "after the config object"},
+		{"trailing junk", good + `x`, "after the config object"},
+		{"image_size of 3", edit(`"image_size":[448,448]`, `"image_size":[448,448,3]`), "image_size"},
+		{"image_size of 1", edit(`"image_size":[448,448]`, `"image_size":[448]`), "image_size"},
+		{"null list", edit(`"normalize_mean":[0.48145466,0.4578275,0.40821073]`, `"normalize_mean":null`), "normalize_mean"}, // then empty: std has 3
+		{"null string", edit(`"crop_mode":"center"`, `"crop_mode":null`), "crop_mode"},
+		{"float int", edit(`"cache_schema_version":1`, `"cache_schema_version":1.0`), "cache_schema_version"},
+		{"string int", edit(`"video_frame_stride":0`, `"video_frame_stride":"0"`), "video_frame_stride"},
+		{"negative epoch", edit(`"weight_epoch":0`, `"weight_epoch":-1`), "weight_epoch"},
+		{"number string", edit(`"model_id":"Qwen/Qwen2.5-Omni-7B"`, `"model_id":7`), "model_id"},
+		{"not an object", `[1,2]`, "object"},
+		{"too big", `{"model_id":"` + strings.Repeat("x", MaxConfigBytes) + `"}`, "bytes of JSON"},
+	} {
+		_, err := DecodeConfig([]byte(tc.text))
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want ErrInvalidConfig naming %s", tc.name, err, tc.field)
+		}
+	}
+}
+
+// TestDecodeConfigEveryField: the decoder knows every field of the struct
+// (a field added without a decoder is refused, never keyed as zero).
+func TestDecodeConfigEveryField(t *testing.T) {
+	for i := range reflect.TypeFor[PreprocessingConfig]().NumField() {
+		var cfg PreprocessingConfig
+		v := reflect.ValueOf(&cfg).Elem().Field(i)
+		sample := map[reflect.Kind]string{reflect.String: `"x"`, reflect.Int64: `1`, reflect.Uint64: `1`,
+			reflect.Array: `[1,2]`, reflect.Slice: `[0.5]`, reflect.Uint8: `"image"`}[v.Kind()]
+		if err := decodeField(v, json.RawMessage(sample)); err != nil {
+			t.Errorf("field %d (%s): %v", i, configFieldOrder[i], err)
+		}
+	}
+}
