@@ -356,8 +356,30 @@ func runDemo(ctx context.Context, c demoConfig, progress io.Writer) (*demoReport
 	return report, nil
 }
 
-// drive runs fn for every request, concurrency at a time, with a progress bar.
+// speedupText says how much faster the cache made the run, or how much
+// slower (a ratio under 1 is not "0.8x faster").
+func speedupText(ratio float64) string {
+	if ratio >= 1 || ratio <= 0 {
+		return fmt.Sprintf("%.1fx faster", ratio)
+	}
+	return fmt.Sprintf("%.1fx slower", 1/ratio)
+}
+
+// isTerminal reports whether w is a terminal, where a progress bar may be
+// redrawn in place; in a log file it would be a line of carriage returns.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// drive runs fn for every request, concurrency at a time, with a progress
+// bar on a terminal (a line when done, elsewhere).
 func drive(images []int, concurrency int, progress io.Writer, label string, fn func(id, image int) error) error {
+	bar := isTerminal(progress)
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -374,14 +396,17 @@ func drive(images []int, concurrency int, progress io.Writer, label string, fn f
 				firstErr = fmt.Errorf("request %d (input %d): %w", id, image, err)
 			}
 			done++
-			if done%max(1, len(images)/40) == 0 || done == len(images) {
-				bar := strings.Repeat("#", 40*done/len(images))
-				fmt.Fprintf(progress, "\r%s [%-40s] %d/%d", label, bar, done, len(images))
+			if bar && (done%max(1, len(images)/40) == 0 || done == len(images)) {
+				fmt.Fprintf(progress, "\r%s [%-40s] %d/%d", label, strings.Repeat("#", 40*done/len(images)), done, len(images))
 			}
 		})
 	}
 	wg.Wait()
-	fmt.Fprintln(progress)
+	if bar {
+		fmt.Fprintln(progress)
+	} else {
+		fmt.Fprintf(progress, "%s: %d/%d requests\n", label, done, len(images))
+	}
 	return firstErr
 }
 
@@ -395,7 +420,7 @@ func printReport(w io.Writer, r *demoReport) {
 	}
 	fmt.Fprintf(tw, "encoder forwards\t%d\t(%s; %d without the cache)\n", r.EncoderForwards, ok, r.Baseline.EncoderForwards)
 	fmt.Fprintf(tw, "bytes moved\t%.1f MiB\t(remote pulls; shm maps, it does not copy)\n", float64(r.BytesMoved)/(1<<20))
-	fmt.Fprintf(tw, "wall time\t%.2fs\t(%.2fs without the cache: %.1fx faster)\n", r.Seconds, r.Baseline.Seconds, r.Speedup)
+	fmt.Fprintf(tw, "wall time\t%.2fs\t(%.2fs without the cache: %s)\n", r.Seconds, r.Baseline.Seconds, speedupText(r.Speedup))
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

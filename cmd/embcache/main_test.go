@@ -444,3 +444,11 @@ func degraded(w workloadRow) bool {
 	}
 	return false
 }
+
+func TestSpeedupText(t *testing.T) {
+	for ratio, want := range map[float64]string{2.5: "2.5x faster", 1: "1.0x faster", 0.8: "1.2x slower", 0.5: "2.0x slower"} {
+		if got := speedupText(ratio); got != want {
+			t.Errorf("%v: %q, want %q", ratio, got, want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -39,6 +40,16 @@ type workResult struct {
 	Forward bool    `json:"forward"`
 	Bytes   int64   `json:"bytes"` // payload bytes pulled from another process
 	Err     string  `json:"err,omitempty"`
+	status  int     // the HTTP status of a failed request (0: 200)
+}
+
+// fail records err as the request's outcome: path "failed", and the HTTP
+// status it answers (503 when the store is down, 500 otherwise).
+func (r *workResult) fail(err error) {
+	r.Err, r.Path, r.status = err.Error(), "failed", http.StatusInternalServerError
+	if errors.Is(err, coordinator.ErrStoreUnavailable) {
+		r.status = http.StatusServiceUnavailable
+	}
 }
 
 // workerStats is what GET /v1/stats answers.
@@ -122,13 +133,13 @@ func (w *worker) handle(ctx context.Context, r workRequest) workResult {
 		_, err := w.enc.Encode(ctx, input)
 		res.Path, res.Forward, res.Millis = "no-cache", true, ms(time.Since(start))
 		if err != nil {
-			res.Err = err.Error()
+			res.fail(err)
 		}
 		return res
 	}
 	key, err := w.keyer.RawBytes(input)
 	if err != nil {
-		res.Err = err.Error()
+		res.fail(err)
 		return res
 	}
 	req := fmt.Sprintf("%s-%d-%d", w.role, r.ID, w.nextReq.Add(1))
@@ -140,7 +151,7 @@ func (w *worker) handle(ctx context.Context, r workRequest) workResult {
 		})
 	res.Millis, res.Path, res.Forward = ms(time.Since(start)), path.String(), forwarded && path != coordinator.PathCoalesced
 	if err != nil {
-		res.Err = err.Error()
+		res.fail(err)
 		return res
 	}
 	if path == coordinator.PathRemoteHit || path == coordinator.PathWaited {
@@ -197,6 +208,9 @@ func (w *worker) serveHTTP(ctx context.Context, addr string) error {
 		}
 		res := w.handle(req.Context(), r)
 		rw.Header().Set("Content-Type", "application/json")
+		if res.status != 0 {
+			rw.WriteHeader(res.status)
+		}
 		json.NewEncoder(rw).Encode(res)
 	})
 	mux.HandleFunc("GET /v1/stats", func(rw http.ResponseWriter, _ *http.Request) {
