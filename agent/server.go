@@ -306,26 +306,36 @@ func checkRequest(client, requestID string) error {
 	return nil
 }
 
-func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
+// lookupRequest decodes and checks a lookup's or get's body, and records
+// its client for the connection; false if it answered an error.
+func (s *Server) lookupRequest(w http.ResponseWriter, r *http.Request) (LookupRequest, coordinator.Ref, bool) {
 	var req LookupRequest
 	if !s.decode(w, r, &req) {
-		return
+		return req, coordinator.Ref{}, false
 	}
 	if err := checkRequest(req.Client, req.RequestID); err != nil {
 		s.fail(w, err)
-		return
+		return req, coordinator.Ref{}, false
 	}
 	ref, err := refOf(req.KeyRef)
 	if err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return req, coordinator.Ref{}, false
+	}
+	if !sessionOf(r).callsFor(req.Client) {
+		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
+		return req, coordinator.Ref{}, false
+	}
+	s.lookups.Add(1)
+	return req, ref, true
+}
+
+func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
+	req, ref, ok := s.lookupRequest(w, r)
+	if !ok {
 		return
 	}
 	sess := sessionOf(r)
-	if !sess.callsFor(req.Client) {
-		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
-		return
-	}
-	s.lookups.Add(1)
 	resp, err := s.lookup(r.Context(), sess, req.Client, req.RequestID, ref, heartbeat(w, r))
 	if err != nil {
 		s.fail(w, err)
@@ -504,24 +514,10 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
-	var req LookupRequest
-	if !s.decode(w, r, &req) {
+	req, ref, ok := s.lookupRequest(w, r)
+	if !ok {
 		return
 	}
-	if err := checkRequest(req.Client, req.RequestID); err != nil {
-		s.fail(w, err)
-		return
-	}
-	ref, err := refOf(req.KeyRef)
-	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
-		return
-	}
-	if !sessionOf(r).callsFor(req.Client) {
-		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
-		return
-	}
-	s.lookups.Add(1)
 	pin := pinName(req.Client, req.RequestID)
 	s.pinned(req.Client, pin)
 	resp := LookupResponse{Status: StatusMiss, KeyRef: keyRefOf(ref), Client: req.Client, RequestID: req.RequestID}

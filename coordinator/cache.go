@@ -258,22 +258,33 @@ func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn Co
 	return v, path, err
 }
 
-func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+// localHit validates ref and returns its value from this process's cache,
+// pinned for req (touched, counted), if it is there.
+func (c *Cache) localHit(req string, ref Ref) (*payload.Value, bool, error) {
 	if err := c.validate(ref); err != nil {
-		return nil, 0, err
+		return nil, false, err
 	}
 	obj := ref.Object()
 	v, ok, err := c.local.Get(req, obj)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	c.stats.localHits.Add(1)
+	if l := c.eventLink(); l != nil {
+		l.touched(obj)
+	}
+	return v, true, nil
+}
+
+func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+	v, ok, err := c.localHit(req, ref)
 	if err != nil {
 		return nil, 0, err
 	}
 	if ok {
-		c.stats.localHits.Add(1)
-		if l := c.eventLink(); l != nil {
-			l.touched(obj)
-		}
 		return v, PathLocalHit, nil
 	}
+	obj := ref.Object()
 	var path atomic.Uint32
 	path.Store(uint32(PathCoalesced))
 	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {

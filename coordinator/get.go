@@ -18,21 +18,14 @@ import (
 // compute it. A committed value that cannot be pulled is ErrNotCached too
 // (counted and logged; GetOrCompute recomputes it).
 func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
-	if err := c.validate(ref); err != nil {
-		return nil, 0, err
-	}
-	obj := ref.Object()
-	v, ok, err := c.local.Get(req, obj)
+	v, ok, err := c.localHit(req, ref)
 	if err != nil {
 		return nil, 0, err
 	}
 	if ok {
-		c.stats.localHits.Add(1)
-		if l := c.eventLink(); l != nil {
-			l.touched(obj)
-		}
 		return v, PathLocalHit, nil
 	}
+	obj := ref.Object()
 	ls, _ := c.handles()
 	if ls == nil {
 		return nil, 0, ErrStoreUnavailable
