@@ -58,11 +58,20 @@ class EncoderPreprocessingConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EncoderPreprocessingConfig":
+        """A config from its JSON form (a config file), read as strictly as
+        the agent and `embcache key` read it (docs/protocol.md 1.1): every
+        field present under its exact name, nothing else. A field left out
+        is refused, not defaulted: a default would key a config the file's
+        author did not write. The constructor keeps its defaults for code."""
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                raise ValueError(f"preprocessing config: {f.name}: missing (every field is part of the key)")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"unknown preprocessing config fields: {unknown}")
+            raise ValueError(f"preprocessing config: {unknown[0]!r}: unknown field (names are exact, lower case)")
         return cls(**d)
+
 
 _HEX64 = re.compile("[0-9a-f]{64}")
 

@@ -76,6 +76,16 @@ class KeyParityTest(unittest.TestCase):
         self.assertEqual(e.exception.status, 400)
         with self.assertRaises(ValueError):
             EncoderPreprocessingConfig.from_dict(dict(harness.config().to_wire(), crop="center"))
+        # As strict as the agent's decoder: a field left out is refused,
+        # never defaulted (weight_epoch would be keyed as 0).
+        wire = harness.config().to_wire()
+        del wire["weight_epoch"]
+        with self.assertRaisesRegex(ValueError, "weight_epoch"):
+            EncoderPreprocessingConfig.from_dict(wire)
+        with self.assertRaisesRegex(ValueError, "MODEL_ID"):
+            EncoderPreprocessingConfig.from_dict(dict(harness.config().to_wire(), MODEL_ID="m"))
+        with self.assertRaises(ValueError):
+            EncoderPreprocessingConfig.from_dict(dict(harness.config().to_wire(), image_size=[448, 448, 3]))
         with self.assertRaises(ValueError):
             EmbeddingCacheKey(key="xyz", tenant="acme")
 
