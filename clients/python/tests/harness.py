@@ -35,6 +35,12 @@ def optional(module: str):
         return None
 
 
+def process_state(pid: int) -> str:
+    """The state letter of a process (R, S, T for stopped, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def binary() -> str:
     path = os.environ.get("EMBCACHE_BIN") or os.path.join(ROOT, "bin", "embcache")
     if not os.access(path, os.X_OK):

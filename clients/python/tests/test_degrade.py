@@ -108,6 +108,9 @@ class AgentFailureTest(unittest.TestCase):
         key = degrade.key_from_raw_bytes(harness.config(), b"hung")
         proc.send_signal(signal.SIGSTOP)
         self.addCleanup(proc.send_signal, signal.SIGCONT)
+        # A signal takes effect asynchronously: until the agent is stopped,
+        # it may still answer.
+        harness.wait_until(lambda: harness.process_state(proc.pid) == "T", what="the agent stopped")
         for call, want in ((lambda: degrade.key_from_raw_bytes(harness.config(), b"hung"), None),
                            (lambda: degrade.get_or_compute(key, lambda: "local", "r1"), "local"),
                            (lambda: degrade.cleanup_request("r1"), 0)):
