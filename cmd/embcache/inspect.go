@@ -131,6 +131,11 @@ func newLeases() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", e.Value())
+			if _, err := coordinator.DecodeRecord(e.Value()); err != nil {
+				// Printed as it is (what an operator needs to see), and an
+				// error: the processes cannot read it either.
+				return fmt.Errorf("%s (revision %d) does not decode: %w", args[0], e.Revision(), err)
+			}
 			return nil
 		},
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
 
@@ -280,6 +282,26 @@ func TestServeAndInspect(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.State != coordinator.StateCommitted || rec.Model != "m" {
 		t.Fatalf("leases get: %d %s %s", code, out, stderr)
 	}
+	// A record the processes cannot read: printed as it is, and exit 1.
+	junk := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{9}}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, "EMBCACHE_LEASES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, junk.KVKey(), []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code = run(t, "leases", "get", junk.KVKey(), "--nats", url)
+	if code != 1 || !strings.Contains(out, "not a record") || !strings.Contains(stderr, "does not decode") {
+		t.Fatalf("leases get of junk: exit %d %q %q", code, out, stderr)
+	}
+	kv.Purge(ctx, junk.KVKey())
 	out, stderr, code = run(t, "events", "tail", "--from-start", "--kind", "published", "--count", "1", "--nats", url)
 	if code != 0 || !strings.Contains(out, `"kind":"published"`) || !strings.Contains(out, ref.Key.String()) {
 		t.Fatalf("events tail: %d %s %s", code, out, stderr)
