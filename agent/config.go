@@ -1,21 +1,14 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/embcache/embcache/cachekey"
 )
 
-// decodeConfig decodes a config strictly (cachekey.DecodeConfig): every
-// field, under its exact name, once, and nothing else.
-func decodeConfig(raw json.RawMessage) (cachekey.PreprocessingConfig, error) {
-	return cachekey.DecodeConfig(raw)
-}
-
 // key answers a KeyRequest.
 func key(req KeyRequest) (KeyResponse, error) {
-	cfg, err := decodeConfig(req.Config)
+	cfg, err := cachekey.DecodeConfig(req.Config)
 	if err != nil {
 		return KeyResponse{}, err
 	}

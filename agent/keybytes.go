@@ -23,7 +23,7 @@ func (s *Server) keyerOf(config string) (*cachekey.Keyer, error) {
 	if k, ok := s.keyers.Get(config); ok {
 		return k, nil
 	}
-	cfg, err := decodeConfig([]byte(config))
+	cfg, err := cachekey.DecodeConfig([]byte(config))
 	if err != nil {
 		return nil, err
 	}

@@ -35,15 +35,14 @@ func DecodeConfig(data []byte) (PreprocessingConfig, error) {
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return cfg, fmt.Errorf("%w: want a JSON object", ErrInvalidConfig)
 	}
-	fields := configFields()
-	seen := make(map[string]bool, len(fields))
+	seen := make(map[string]bool, len(configFieldIndex))
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
 			return cfg, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 		}
 		name := t.(string) // an object's keys are strings
-		f, ok := fields[name]
+		f, ok := configFieldIndex[name]
 		if !ok {
 			return cfg, fmt.Errorf("%w: %q: unknown field (names are exact, lower case)", ErrInvalidConfig, name)
 		}
@@ -84,14 +83,14 @@ var configFieldOrder = func() []string {
 	return names
 }()
 
-// configFields maps each JSON name to its struct field's index.
-func configFields() map[string]int {
+// configFieldIndex maps each JSON name to its struct field's index.
+var configFieldIndex = func() map[string]int {
 	m := make(map[string]int, len(configFieldOrder))
 	for i, name := range configFieldOrder {
 		m[name] = i
 	}
 	return m
-}
+}()
 
 // decodeField decodes raw into v by v's type, exactly.
 func decodeField(v reflect.Value, raw json.RawMessage) error {

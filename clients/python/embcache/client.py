@@ -459,11 +459,9 @@ class EmbeddingCache:
             mv.release()
 
     def _key_in_slot(self, query: str, mv: memoryview, headers: Mapping[str, str]) -> Any:
-        pool = self._process().pool
         n = mv.nbytes
-        for attempt in (0, 1):
-            conn = pool.take()
-            reused = conn.calls > 0
+
+        def use(conn: Connection) -> Any:
             try:
                 slot = conn.key_slot
                 if slot is None or len(slot[1]) < n:
@@ -478,17 +476,34 @@ class EmbeddingCache:
                         slot[1].close()
                     slot = conn.key_slot = (r["slot"], mm)
                 slot[1][:n] = mv
-                return self._call("POST", f"/v1/key/bytes?{query}&slot={slot[0]}&length={n}", raw=(b"", headers),
-                                  conn=conn)
-            except AgentUnavailable as e:
-                if attempt == 0 and reused and not isinstance(e, (AgentTimeout, APIError)):
-                    continue  # a pooled connection the agent had closed (it restarted)
-                raise
             except OSError as e:  # the slot's file: mapping it
                 conn.close()
                 raise _SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
+            return self._call("POST", f"/v1/key/bytes?{query}&slot={slot[0]}&length={n}", raw=(b"", headers),
+                              conn=conn)
+
+        return self._on_pooled(self._process().pool, use)
+
+    def _on_pooled(self, pool: Pool, use: Callable[[Connection], T]) -> T:
+        """use(conn) on a connection of the pool, made again once on a new
+        one if a reused connection turns out dead (the agent restarted):
+        for calls that hold nothing when they fail. The connection goes
+        back to the pool after, unless the result holds it (a
+        Reservation)."""
+        for attempt in (0, 1):
+            conn = pool.take()
+            reused, held = conn.calls > 0, False
+            try:
+                got = use(conn)
+                held = isinstance(got, Reservation) and got.conn is conn
+                return got
+            except AgentUnavailable as e:
+                if attempt == 0 and reused and not isinstance(e, (AgentTimeout, APIError)):
+                    continue
+                raise
             finally:
-                pool.give(conn)
+                if not held:
+                    pool.give(conn)
         raise AssertionError("unreachable")
 
     def key_from_raw_bytes(self, config: EncoderPreprocessingConfig, data: Any) -> Optional[EmbeddingCacheKey]:
@@ -521,30 +536,21 @@ class EmbeddingCache:
         if not self.enabled or key is None:
             raise EmbcacheError("reserve needs a key and an enabled cache (get_or_compute takes None)")
         state = self._process()
-        client, pool = state.client_id, state.pool
-        for attempt in (0, 1):
-            conn = pool.take()  # held by a reservation until it ends
-            reused, held = conn.calls > 0, False
-            try:
-                # Heartbeats (1 s apart) while the lookup waits for another
-                # process's compute: each silence is bounded by
-                # agent_timeout, the whole wait by compute_timeout.
-                r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id),
-                               answers=dict(_key_names(key), client=client, request_id=request_id),
-                               timeout=max(self.agent_timeout, 2.0), total=self.compute_timeout + self.agent_timeout,
-                               headers=_HEARTBEATS, conn=conn, state=state)
-                if r["status"] == "hit":
-                    return self._embedding(key, r)
-                held = True
-                return Reservation(self, key, r["reservation"], request_id, conn, r.get("slot_file", ""))
-            except AgentUnavailable as e:
-                if attempt == 0 and reused and not isinstance(e, (AgentTimeout, APIError)):
-                    continue  # a pooled connection the agent had closed (it restarted)
-                raise
-            finally:
-                if not held:
-                    pool.give(conn)
-        raise AssertionError("unreachable")
+        client = state.client_id
+
+        def use(conn: Connection) -> Union[Embedding, Reservation]:
+            # Heartbeats (1 s apart) while the lookup waits for another
+            # process's compute: each silence is bounded by agent_timeout,
+            # the whole wait by compute_timeout. A reservation holds conn.
+            r = self._call("POST", "/v1/lookup", dict(key.to_wire(), client=client, request_id=request_id),
+                           answers=dict(_key_names(key), client=client, request_id=request_id),
+                           timeout=max(self.agent_timeout, 2.0), total=self.compute_timeout + self.agent_timeout,
+                           headers=_HEARTBEATS, conn=conn, state=state)
+            if r["status"] == "hit":
+                return self._embedding(key, r)
+            return Reservation(self, key, r["reservation"], request_id, conn, r.get("slot_file", ""))
+
+        return self._on_pooled(state.pool, use)
 
     lookup = reserve
 

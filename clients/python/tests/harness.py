@@ -119,6 +119,32 @@ class Cluster:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
+class ClusterCase(unittest.TestCase):
+    """Tests of a class share one cluster: an embedded server and the agents
+    AGENTS names, whose sockets are sock (the first) and sock2."""
+
+    AGENTS = ("n1",)
+    cluster: Cluster
+    sock: str
+    sock2: str
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster()
+        try:
+            socks = [cls.cluster.agent(node) for node in cls.AGENTS]
+        except BaseException:
+            cls.cluster.close()
+            raise
+        cls.sock = socks[0]
+        if len(socks) > 1:
+            cls.sock2 = socks[1]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+
 def healthy(sock: str) -> bool:
     from embcache.connection import Connection
     from embcache.errors import AgentUnavailable

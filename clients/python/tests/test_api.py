@@ -16,16 +16,8 @@ np = harness.optional("numpy")
 torch = harness.optional("torch")
 
 
-class APITest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = harness.Cluster()
-        cls.sock = cls.cluster.agent("n1")
-        cls.sock2 = cls.cluster.agent("n2")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.close()
+class APITest(harness.ClusterCase):
+    AGENTS = ("n1", "n2")
 
     def client(self, sock=None, **kw) -> EmbeddingCache:
         kw.setdefault("store_unavailable_mode", "strict")
@@ -227,16 +219,7 @@ class APITest(unittest.TestCase):
         self.assertNotEqual(k1, c.key_from_decoded_tensor(harness.config(), x.reshape(3, 64)))
 
 
-class AsyncTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = harness.Cluster()
-        cls.sock = cls.cluster.agent("n1")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.close()
-
+class AsyncTest(harness.ClusterCase):
     def test_loop_keeps_ticking_while_a_lookup_waits(self):
         async def main():
             holder = EmbeddingCache(self.sock, store_unavailable_mode="strict")

@@ -15,19 +15,11 @@ from . import harness
 np = harness.optional("numpy")
 
 
-class ClientTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = harness.Cluster()
-        cls.sock1 = cls.cluster.agent("n1")
-        cls.sock2 = cls.cluster.agent("n2")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.close()
+class ClientTest(harness.ClusterCase):
+    AGENTS = ("n1", "n2")
 
     def setUp(self):
-        self.cache = EmbeddingCache(self.sock1)
+        self.cache = EmbeddingCache(self.sock)
         self.addCleanup(self.cache.close)
 
     def test_get_or_compute_once(self):

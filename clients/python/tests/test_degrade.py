@@ -220,18 +220,9 @@ class _nothing:
         return False
 
 
-class ReservationTest(unittest.TestCase):
+class ReservationTest(harness.ClusterCase):
     """What reserve and commit raise (both modes: they are the low-level
     calls; get_or_compute is the one that degrades)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = harness.Cluster()
-        cls.sock = cls.cluster.agent("n1")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.close()
 
     def test_a_long_wait_lives_on_heartbeats(self):
         # agent_timeout bounds each silence, not the wait: a lookup waits 3 s

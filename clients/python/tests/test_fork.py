@@ -122,16 +122,7 @@ def _mp_worker(cache, worker, salt, results):
         cache.close()
 
 
-class ForkTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = harness.Cluster()
-        cls.sock = cls.cluster.agent("n1")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cluster.close()
-
+class ForkTest(harness.ClusterCase):
     def client(self) -> EmbeddingCache:
         # strict: an agent error surfaces instead of a local compute; a
         # bounded timeout: a call that never gets its answer fails the test.
