@@ -289,12 +289,13 @@ func (r *reservation) end(err error) bool {
 		r.sess.mu.Unlock()
 		r.mu.Lock()
 		r.ended = true
-		for _, p := range r.slots {
+		slots := r.slots
+		r.slots = nil
+		r.mu.Unlock()
+		for _, p := range slots { // unlinked outside r.mu, which Stats waits on
 			os.Remove(p)
 		}
 		os.Remove(r.slotFile()) // the slot the client may have made
-		r.slots = nil
-		r.mu.Unlock()
 		if err == nil {
 			err = errCommitted
 		}
