@@ -102,29 +102,40 @@ func TestClusterR3SurvivesLeaderLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Put(ctx, "k", []byte("v1")); err != nil {
-		t.Fatal(err)
-	}
+	// A new R3 stream answers once its group has elected a leader: the
+	// create call can return before that ("no response from stream").
+	putUntilAccepted(ctx, t, kv, "v1")
 	leader, err := c.StreamLeader(ctx, js, "KV_T")
 	if err != nil {
 		t.Fatal(err)
 	}
 	leader.Shutdown()
-	var rev uint64
-	for rev == 0 { // writes resume once a new leader is elected
-		attempt, cancelAttempt := context.WithTimeout(ctx, 2*time.Second)
-		rev, err = kv.Put(attempt, "k", []byte("v2"))
-		cancelAttempt()
-		if err != nil && ctx.Err() != nil {
-			t.Fatalf("no write after leader loss: %v", err)
-		}
-	}
+	putUntilAccepted(ctx, t, kv, "v2") // writes resume once a new leader is elected
 	if err := leader.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	e, err := kv.Get(ctx, "k")
 	if err != nil || string(e.Value()) != "v2" {
 		t.Fatalf("after failover: %v", err)
+	}
+}
+
+// putUntilAccepted writes k=value, retrying while the stream has no leader,
+// until ctx ends.
+func putUntilAccepted(ctx context.Context, t *testing.T, kv jetstream.KeyValue, value string) {
+	t.Helper()
+	for {
+		attempt, cancelAttempt := context.WithTimeout(ctx, 2*time.Second)
+		_, err := kv.Put(attempt, "k", []byte(value))
+		cancelAttempt()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("put %s: no leader accepted it: %v", value, err)
+		case <-time.After(50 * time.Millisecond): // a back-off, not an ordering
+		}
 	}
 }
 
