@@ -65,8 +65,8 @@ bench-go:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/ ./agent/
 
 ## debs: Debian packages the bench and tests use (redis-server, python3-numpy, python3-torch for the
-## Python client's tensor views and the example hook's test, mypy to type-check the client: no target runs it yet).
-DEBS := redis-server python3-numpy python3-torch mypy
+## Python client's tensor views and the example hook's test, python3-msgpack for the event vectors' Python reader, mypy to type-check the client).
+DEBS := redis-server python3-numpy python3-torch python3-msgpack mypy
 debs:
 	scripts/install-debs.sh $(DEBS)
 
@@ -110,15 +110,15 @@ demo: build
 
 ## image: the FROM-scratch image of the static binary (no image is pulled).
 image: build
-	docker build -q -f deploy/Dockerfile -t embcache:dev .
+	docker build -q -t embcache:dev .
 
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 compose-up: image
-	$(COMPOSE) -p embcache -f deploy/docker-compose.yml up -d
+	$(COMPOSE) -p embcache up -d
 
 compose-down:
-	$(COMPOSE) -p embcache -f deploy/docker-compose.yml down -v --remove-orphans
+	$(COMPOSE) -p embcache down -v --remove-orphans
 
 ## compose-test: the cluster, a workload, a NATS node killed on the way.
 compose-test: build

@@ -657,3 +657,82 @@ func TestClientRefusesMismatchedAnswers(t *testing.T) {
 		t.Errorf("key answer to another call: %v", err)
 	}
 }
+
+// TestCorruptFileIsNotHandedOut: a flipped data byte in the node's file of
+// a value is caught before a client maps it: the lookup drops the copy and
+// the key is computed again, never a hit on the corrupt bytes.
+func TestCorruptFileIsNotHandedOut(t *testing.T) {
+	url := startServer(t).ClientURL()
+	n := startNode(t, url, "n1")
+	c := client(t, n)
+	ctx := context.Background()
+	ref := keyOf(t, c, "image-corrupt")
+	want := bytes.Repeat([]byte{5, 6, 7, 8}, 4096)
+	commit(t, n, c, ref, "r1", want)
+	first, err := c.Lookup(ctx, ref, "r2")
+	if err != nil || first.Status != agent.StatusHit || !bytes.Equal(mapped(t, first.Value), want) {
+		t.Fatalf("%+v %v", first, err)
+	}
+	// Flip a data byte; give the file a new mtime (a write in the same
+	// clock tick as the check would keep it; see docs/protocol.md 2.3).
+	file := first.Value.File
+	if err := os.Chmod(file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	f.ReadAt(b, first.Value.Offset+100)
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b, first.Value.Offset+100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(file, later, later); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Lookup(ctx, ref, "r3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch got.Status {
+	case agent.StatusReserved: // the key is computed again
+	case agent.StatusHit:
+		if !bytes.Equal(mapped(t, got.Value), want) {
+			t.Fatal("a corrupt file was handed out as a hit")
+		}
+	default:
+		t.Fatalf("%+v", got)
+	}
+	if s := n.cache.Stats(); s.PayloadErrors == 0 {
+		t.Errorf("no payload error counted: %+v", s)
+	}
+}
+
+// commit reserves ref for requestID, writes want through a slot and
+// commits it as float32.
+func commit(t *testing.T, n *node, c *agent.Client, ref agent.KeyRef, requestID string, want []byte) {
+	t.Helper()
+	resp, err := c.Lookup(context.Background(), ref, requestID)
+	if err != nil || resp.Status != agent.StatusReserved {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	var slot agent.SlotResponse
+	if err := post(n.socket, "/v1/slot", agent.SlotRequest{Reservation: resp.Reservation, Size: int64(len(want))}, &slot); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(slot.File, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var committed agent.LookupResponse
+	if err := post(n.socket, "/v1/commit", agent.CommitRequest{Reservation: resp.Reservation, Client: c.ID, RequestID: requestID,
+		DType: "float32", Shape: []int64{int64(len(want) / 4)}, Slot: slot.Slot}, &committed); err != nil {
+		t.Fatal(err)
+	}
+	if committed.Status != agent.StatusAccepted {
+		t.Fatalf("commit answered %+v", committed)
+	}
+}

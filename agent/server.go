@@ -350,6 +350,7 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 func (s *Server) lookup(ctx context.Context, sess *session, client, requestID string, ref coordinator.Ref,
 	beat func()) (LookupResponse, error) {
 	pin := pinName(client, requestID)
+	dropped := false
 	for {
 		reserved := make(chan *reservation, 1)
 		type outcome struct {
@@ -379,6 +380,15 @@ func (s *Server) lookup(ctx context.Context, sess *session, client, requestID st
 			return LookupResponse{}, o.err
 		}
 		hit, err := s.hit(ctx, ref, o.v)
+		if errors.Is(err, payload.ErrCorrupt) && !dropped {
+			// The node's file of the value failed its check (the store
+			// removed it). This process's copy may be a mapping of it:
+			// drop it and look the key up again, from the record.
+			s.cache.Release(pin)
+			s.cache.Drop(ref)
+			dropped = true
+			continue
+		}
 		if err != nil {
 			s.cache.Release(pin)
 			return LookupResponse{}, err
@@ -414,9 +424,10 @@ func waitFor[O any](done <-chan O, reserved <-chan *reservation, beat func()) (O
 	}
 }
 
-// hit makes sure v lies in this node's shm store and says where. A file
-// seen before and unchanged (one stat) is not read again: hits are the
-// path a Python stage waits on.
+// hit makes sure v lies, verified, in this node's shm store and says
+// where. A file seen before and unchanged (one stat) is not read again:
+// hits are the path a Python stage waits on. A file that fails its check
+// is payload.ErrCorrupt.
 func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value) (*Hit, error) {
 	obj := ref.Object()
 	path := s.store.Path(obj)
@@ -431,6 +442,14 @@ func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value)
 		if err != nil {
 			return nil, err
 		}
+		// The client maps the file without checking it: check it here,
+		// once per file (the store hashes a file it did not just write;
+		// one it finds corrupt it removes: payload.ErrCorrupt).
+		check, err := s.store.Get(ctx, loc)
+		if err != nil {
+			return nil, err
+		}
+		check.Close()
 		sum = loc.Checksum
 		if fi, err := os.Stat(path); err == nil {
 			s.stored.Add(obj, storedFile{size: fi.Size(), modTime: fi.ModTime().UnixNano(), sum: sum})

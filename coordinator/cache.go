@@ -173,7 +173,7 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		return err
 	}
 	ls.direct = len(c.s.tenants) > 0
-	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants)
+	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants, c.badRecordWatched)
 	if err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		cur, err := c.readOrSeen(ctx, ls, key, seen)
 		seen = nil
 		if errors.Is(err, ErrBadRecord) {
-			c.stats.badRecords.Add(1)
+			c.badRecord(err)
 			if c.purgeUnreadable(ctx, ls, key, cur, err) {
 				unsubscribe()
 				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
@@ -382,8 +382,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 			t := time.NewTimer(c.s.pollInterval)
 			select {
-			case e := <-wake:
-				seen = entryState(e)
+			case seen = <-wake:
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
@@ -474,19 +473,6 @@ func (c *Cache) readOrSeen(ctx context.Context, ls *leaseStore, key string, seen
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
 	return ls.read(octx, key)
-}
-
-// entryState turns a watched change into a state, or nil if it says
-// nothing usable (a delete, a marker, a record that does not decode).
-func entryState(e jetstream.KeyValueEntry) *current {
-	if e == nil || e.Operation() != jetstream.KeyValuePut {
-		return nil
-	}
-	rec, err := DecodeRecord(e.Value())
-	if err != nil {
-		return nil
-	}
-	return &current{rev: e.Revision(), live: true, record: rec}
 }
 
 // computeUnder runs fn under lease and commits what it returns. A failed
@@ -615,6 +601,11 @@ func (c *Cache) forget(l *Lease) {
 // returns how many.
 func (c *Cache) Release(req string) int { return c.local.Release(req) }
 
+// Drop removes this process's copy of ref (a copy found corrupt) and
+// reports whether there was one: the next request reads the record again.
+// Requests that hold the copy keep it until they release it.
+func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.Object()) }
+
 // Close stops the watcher, the background reconnects and the heartbeats of
 // leases still held (they expire on the server). The connection stays open.
 func (c *Cache) Close() error {
@@ -661,7 +652,7 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint
 	if l == nil {
 		return fmt.Errorf("%w: invalidation needs the event stream", ErrStoreUnavailable)
 	}
-	e := &events.Event{V: events.SchemaVersion, Kind: events.KindInvalidated, Tenant: tenant,
+	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,
 		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: c.s.node, Time: time.Now()}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()

@@ -44,6 +44,10 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated, events.KindTouched},
 		New:    true,
 		Logger: c.s.logger,
+		OnBad: func(r events.BadReason) {
+			c.stats.eventsBad.Add(1)
+			c.tel.eventBad(r)
+		},
 	}
 	if len(c.s.tenants) > 0 {
 		// One filter per tenant, all kinds: a consumer whose filter is in its
@@ -51,7 +55,11 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		// ignores the kinds it does not follow).
 		opts.Tenants, opts.Kinds = c.s.tenants, nil
 	}
-	sub, err := events.Subscribe(ctx, c.js, opts, l.apply)
+	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) {
+		c.stats.eventsDecoded.Add(1)
+		c.tel.eventDecoded(e.Kind)
+		l.apply(e)
+	})
 	if err != nil {
 		l.pub.Close(ctx)
 		return err
@@ -70,7 +78,7 @@ func (c *Cache) eventLink() *eventLink {
 }
 
 func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
-	return &events.Event{V: events.SchemaVersion, Kind: kind, Tenant: ref.Tenant, Key: ref.Key,
+	return &events.Event{Kind: kind, Tenant: ref.Tenant, Key: ref.Key,
 		Model: ref.Model, Epoch: ref.Epoch, Node: l.c.s.node, Time: time.Now()}
 }
 

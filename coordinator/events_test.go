@@ -108,7 +108,7 @@ func TestEvictionDropsUnpinnedCopies(t *testing.T) {
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
 	pub := events.NewPublisher(js, 1, 8, nil)
 	defer pub.Close(ctx)
-	err = pub.PublishSync(ctx, &events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: "acme",
+	err = pub.PublishSync(ctx, &events.Event{Kind: events.KindEvicted, Tenant: "acme",
 		Key: ref(2).Key, Cause: events.CauseExplicit, Time: time.Now()})
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 	a := eventCache(t, srv.ClientURL(), store)
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
 	ctx := context.Background()
-	valid, err := events.Encode(&events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: "acme",
+	valid, err := events.Encode(&events.Event{Kind: events.KindEvicted, Tenant: "acme",
 		Key: ref(1).Key, Cause: events.CauseExpired, Time: time.Now()})
 	if err != nil {
 		t.Fatal(err)

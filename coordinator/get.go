@@ -34,7 +34,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	cur, err := ls.read(octx, ref.KVKey())
 	cancel()
 	if errors.Is(err, ErrBadRecord) {
-		c.stats.badRecords.Add(1)
+		c.badRecord(err)
 		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
 	}
 	if err != nil {
@@ -64,6 +64,7 @@ func (c *Cache) pull(ctx context.Context, ref Ref, rec Record) (*payload.Value, 
 	v, err := c.router.get(ctx, *rec.Location)
 	if err != nil {
 		c.stats.payloadErrors.Add(1)
+		c.tel.pullFailed(err)
 		c.s.logger.Warn("embcache: committed payload unreadable", "key", ref.KVKey(),
 			"location", rec.Location.Object, "node", rec.Location.Node, "err", err)
 		return nil, err

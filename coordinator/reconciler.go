@@ -34,11 +34,44 @@ type Reconciler struct {
 	js    jetstream.JetStream
 	id    string
 	stats reconcilerStats
+	tel   *reconcilerInstruments
 }
 
 type reconcilerStats struct {
-	elected, touches, lateTouches, expired, invalidated, payloadDeletes, sweeps atomic.Uint64
-	active                                                                      atomic.Bool
+	elected atomic.Uint64
+	actions [numActions]atomic.Uint64
+	active  atomic.Bool
+}
+
+// action is something the active reconciler does: its Stats and the
+// embcache.reconciler.actions metric count each.
+type action uint8
+
+// Actions.
+const (
+	actionExtend        action = iota // a touch extended a committed record's TTL
+	actionLateExtend                  // an extension acknowledged after the record's expiry: not trusted
+	actionExpire                      // a value whose record expired was evicted (evicted event sent)
+	actionInvalidate                  // a committed record removed by an invalidation
+	actionDeletePayload               // a payload removed
+	actionSweep                       // a pass over the live values for records gone unnoticed
+	numActions
+)
+
+var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep"}
+
+// String returns the action's name as the metrics label it.
+func (a action) String() string {
+	if a < numActions {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// did counts one action.
+func (r *Reconciler) did(a action) {
+	r.stats.actions[a].Add(1)
+	r.tel.actions.Add(context.Background(), 1, actionAttrs[a])
 }
 
 // ReconcilerStats counts what a reconciler did.
@@ -55,7 +88,8 @@ type ReconcilerStats struct {
 
 // NewReconciler returns a reconciler over nc. It uses the Cache options
 // that concern it: bucket, replicas, lease and store TTLs, node, the
-// transports it may delete payloads with (WithTransport, WithGetter), logger.
+// transports it may delete payloads with (WithTransport, WithGetter),
+// logger, meter provider (docs/metrics.md).
 func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 	s := defaults()
 	for _, opt := range opts {
@@ -67,18 +101,23 @@ func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
+	tel, err := newReconcilerInstruments(s.meterProvider)
+	if err != nil {
+		return nil, err
+	}
 	var nonce [4]byte
 	for i := range nonce {
 		nonce[i] = byte(time.Now().UnixNano() >> (8 * i))
 	}
-	return &Reconciler{s: s, nc: nc, js: js, id: fmt.Sprintf("%s/reconciler/%x", s.node, nonce)}, nil
+	return &Reconciler{s: s, nc: nc, js: js, id: fmt.Sprintf("%s/reconciler/%x", s.node, nonce), tel: tel}, nil
 }
 
 // Stats returns the counters.
 func (r *Reconciler) Stats() ReconcilerStats {
-	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: r.stats.touches.Load(), LateTouches: r.stats.lateTouches.Load(),
-		Expired: r.stats.expired.Load(), Invalidated: r.stats.invalidated.Load(),
-		PayloadDeletes: r.stats.payloadDeletes.Load(), Sweeps: r.stats.sweeps.Load(), Active: r.stats.active.Load()}
+	n := func(a action) uint64 { return r.stats.actions[a].Load() }
+	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
+		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
+		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), Active: r.stats.active.Load()}
 }
 
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
@@ -91,9 +130,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			if err == nil {
 				r.stats.elected.Add(1)
 				r.stats.active.Store(true)
+				r.tel.elections.Add(ctx, 1)
+				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
 				err = r.active(ctx, ls, lease)
 				r.stats.active.Store(false)
+				r.tel.active.Add(context.WithoutCancel(ctx), -1)
 				lease.stopHeartbeats()
 				if ctx.Err() == nil {
 					r.s.logger.Warn("embcache: reconciler stepped down", "id", r.id, "err", err)
@@ -153,15 +195,20 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 		case <-ctx.Done():
 		}
 	}()
-	state, _, err := events.Replay(ctx, r.js)
+	state, skipped, err := events.Replay(ctx, r.js)
 	if err != nil {
 		return err
+	}
+	if skipped > 0 {
+		// The durable consumer below counts them as it reaches them.
+		r.s.logger.Warn("embcache: replay skipped events that do not decode", "skipped", skipped)
 	}
 	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
 	defer pub.Close(context.Background())
 	work := make(chan func(), 256)
-	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: ReconcilerDurable, Logger: r.s.logger},
+	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: ReconcilerDurable, Logger: r.s.logger, OnBad: r.tel.eventBad},
 		func(e events.Event) {
+			r.tel.eventDecoded(e.Kind)
 			state.Apply(e)
 			var fn func()
 			switch e.Kind {
@@ -199,8 +246,14 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 		case fn := <-work:
 			fn()
 		case e := <-w.Updates():
-			if e != nil && e.Operation() != jetstream.KeyValuePut && e.Key() != ReconcilerKey {
+			switch {
+			case e == nil || e.Key() == ReconcilerKey:
+			case e.Operation() != jetstream.KeyValuePut:
 				r.expire(ctx, ls, pub, state, e.Key(), events.CauseExpired)
+			default:
+				if _, err := DecodeRecord(e.Value()); err != nil {
+					r.tel.recordBad(err, opWatch)
+				}
 			}
 		case <-sweep.C:
 			r.sweep(ctx, ls, pub, state)
@@ -214,7 +267,7 @@ func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Ev
 	key := e.Tenant + "." + e.Key.String()
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	cur, err := ls.read(octx, key)
+	cur, err := r.read(octx, ls, key)
 	if err != nil || !cur.live || cur.record.State != StateCommitted || e.Location == nil ||
 		cur.record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.record.Expires) {
 		return
@@ -235,11 +288,20 @@ func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Ev
 		return
 	}
 	if !r.s.clock.Now().Before(deadline) {
-		r.stats.lateTouches.Add(1)
+		r.did(actionLateExtend)
 		r.s.logger.Warn("embcache: touch acknowledged after the record's expiry, not trusted", "key", key)
 		return
 	}
-	r.stats.touches.Add(1)
+	r.did(actionExtend)
+}
+
+// read reads key, counting a record that does not decode.
+func (r *Reconciler) read(ctx context.Context, ls *leaseStore, key string) (current, error) {
+	cur, err := ls.read(ctx, key)
+	if errors.Is(err, ErrBadRecord) {
+		r.tel.recordBad(err, opRead)
+	}
+	return cur, err
 }
 
 // expire removes what is left of a value whose record is gone and tells
@@ -252,7 +314,7 @@ func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Pub
 	}
 	obj := payload.ObjectID{Tenant: tenant, Key: key}
 	entry, known := state.Get(obj)
-	ev := &events.Event{V: events.SchemaVersion, Kind: events.KindEvicted, Tenant: tenant, Key: key,
+	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key,
 		Node: r.s.node, Time: time.Now(), Cause: cause}
 	if known {
 		ev.Model, ev.Epoch = entry.Model, entry.Epoch
@@ -261,7 +323,7 @@ func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Pub
 		r.deletePayload(ctx, loc)
 	}
 	if cause == events.CauseExpired {
-		r.stats.expired.Add(1)
+		r.did(actionExpire)
 	}
 	state.Apply(*ev)
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
@@ -282,18 +344,18 @@ func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	if err := t.Delete(octx, loc); err == nil {
-		r.stats.payloadDeletes.Add(1)
+		r.did(actionDeletePayload)
 	}
 }
 
 // sweep evicts every value the events call live whose record is gone:
 // markers can be missed while no reconciler runs.
 func (r *Reconciler) sweep(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State) {
-	r.stats.sweeps.Add(1)
+	r.did(actionSweep)
 	for obj := range state.Live(time.Unix(0, 0)) {
 		key := obj.Tenant + "." + obj.Key.String()
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		cur, err := ls.read(octx, key)
+		cur, err := r.read(octx, ls, key)
 		cancel()
 		if err == nil && !cur.live {
 			r.expire(ctx, ls, pub, state, key, events.CauseExpired)
@@ -315,15 +377,15 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub 
 	}
 	for _, key := range keys {
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		cur, err := ls.read(octx, key)
+		cur, err := r.read(octx, ls, key)
 		if err == nil && cur.live && cur.record.State == StateCommitted &&
 			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch {
 			if ls.purge(octx, key, cur.rev) == nil {
-				r.stats.invalidated.Add(1)
+				r.did(actionInvalidate)
 				if loc := cur.record.Location; loc != nil {
 					obj, _ := loc.ObjectID()
 					if _, known := state.Get(obj); !known {
-						state.Apply(events.Event{V: events.SchemaVersion, Kind: events.KindPublished, Tenant: e.Tenant,
+						state.Apply(events.Event{Kind: events.KindPublished, Tenant: e.Tenant,
 							Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: loc, Expires: cur.record.Expires})
 					}
 				}

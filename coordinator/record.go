@@ -2,9 +2,11 @@ package coordinator
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -79,33 +81,68 @@ type Record struct {
 func DecodeRecord(b []byte) (Record, error) {
 	var r Record
 	if err := json.Unmarshal(b, &r); err != nil {
-		return Record{}, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		// Why, for the metrics: only now, off the path of good records.
+		var probe struct {
+			V int `json:"v"`
+		}
+		switch {
+		case json.Unmarshal(b, &probe) != nil:
+			return Record{}, badRecord(events.BadMalformed, "%v", err)
+		case probe.V != RecordVersion:
+			return Record{}, badRecord(events.BadVersion, "version %d, this reader knows %d", probe.V, RecordVersion)
+		}
+		return Record{}, badRecord(events.BadInvalid, "%v", err)
 	}
 	if r.V != RecordVersion {
-		return Record{}, fmt.Errorf("%w: version %d, this reader knows %d", ErrBadRecord, r.V, RecordVersion)
+		return Record{}, badRecord(events.BadVersion, "version %d, this reader knows %d", r.V, RecordVersion)
 	}
 	if r.Owner == "" {
-		return Record{}, fmt.Errorf("%w: no owner", ErrBadRecord)
+		return Record{}, badRecord(events.BadInvalid, "no owner")
 	}
 	switch r.State {
 	case StateComputing:
 		if r.Location != nil {
-			return Record{}, fmt.Errorf("%w: a computing record with a location", ErrBadRecord)
+			return Record{}, badRecord(events.BadInvalid, "a computing record with a location")
 		}
 	case StateCommitted:
 		if r.Location == nil {
-			return Record{}, fmt.Errorf("%w: a committed record without a location", ErrBadRecord)
+			return Record{}, badRecord(events.BadInvalid, "a committed record without a location")
 		}
 		if err := r.Location.Validate(); err != nil {
-			return Record{}, fmt.Errorf("%w: %v", ErrBadRecord, err)
+			return Record{}, badRecord(events.BadInvalid, "%v", err)
 		}
 		if r.Size != r.Location.Size || r.Checksum != r.Location.Checksum.String() {
-			return Record{}, fmt.Errorf("%w: size or checksum disagree with the location", ErrBadRecord)
+			return Record{}, badRecord(events.BadInvalid, "size or checksum disagree with the location")
 		}
 	default:
-		return Record{}, fmt.Errorf("%w: no state", ErrBadRecord)
+		return Record{}, badRecord(events.BadInvalid, "no state")
 	}
 	return r, nil
+}
+
+// badRecordError is a record that does not decode, and why. The reasons
+// are the events' (events.BadReason): malformed (not a JSON object of a
+// record), version (another RecordVersion), invalid (this version, but a
+// field is wrong or missing).
+type badRecordError struct {
+	reason events.BadReason
+	detail string
+}
+
+func badRecord(reason events.BadReason, format string, args ...any) error {
+	return &badRecordError{reason: reason, detail: fmt.Sprintf(format, args...)}
+}
+
+func (e *badRecordError) Error() string { return ErrBadRecord.Error() + ": " + e.detail }
+
+func (e *badRecordError) Unwrap() error { return ErrBadRecord }
+
+// recordReason says why err's record did not decode.
+func recordReason(err error) events.BadReason {
+	if e, ok := errors.AsType[*badRecordError](err); ok {
+		return e.reason
+	}
+	return events.BadMalformed
 }
 
 func (r Record) encode() []byte {

@@ -10,6 +10,7 @@ type counters struct {
 	localHits, remoteHits, computes, computeErrors, waits, takeovers atomic.Uint64
 	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
 	touches, lateWrites, staleTakeovers, badRecordsPurged            atomic.Uint64
+	badRecordsWatched, eventsDecoded, eventsBad                      atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -23,7 +24,7 @@ type Stats struct {
 	Degraded       uint64 // computed without the store
 	LeasesLost     uint64 // leases lost while computing
 	CommitsRefused uint64 // commits the fencing refused
-	BadRecords     uint64 // lease records that did not decode
+	BadRecords     uint64 // lease records that did not decode when read
 	PayloadErrors  uint64 // committed payloads that could not be read or verified
 	Touches        uint64 // touched events queued (coalesced hits)
 	// LateWrites counts lease writes (reserves, renewals, commits) that
@@ -36,6 +37,13 @@ type Stats struct {
 	// BadRecordsPurged counts records that did not decode, purged once
 	// older than a lease TTL so that their key is shared again.
 	BadRecordsPurged uint64
+	// BadRecordsWatched counts changes of the bucket the watcher saw
+	// whose record did not decode: each bad write once, read or not.
+	BadRecordsWatched uint64
+	// EventsDecoded and EventsBad count the events this process received
+	// from the stream (WithEvents): decoded, and skipped because they did
+	// not decode. docs/metrics.md has them by kind and by reason.
+	EventsDecoded, EventsBad uint64
 	// StoreReachable is true while the bucket is open and the NATS
 	// connection is up. A server gone without closing the connection
 	// (a partition) shows here only once the client's pings fail, minutes
@@ -54,8 +62,22 @@ func (c *Cache) Stats() Stats {
 		CommitsRefused: c.stats.commitsRefused.Load(), BadRecords: c.stats.badRecords.Load(),
 		PayloadErrors: c.stats.payloadErrors.Load(), Touches: c.stats.touches.Load(),
 		LateWrites: c.stats.lateWrites.Load(), StaleTakeovers: c.stats.staleTakeovers.Load(),
-		BadRecordsPurged: c.stats.badRecordsPurged.Load(),
-		StoreReachable:   c.storeReachable(),
-		Local:            c.local.Stats(),
+		BadRecordsPurged: c.stats.badRecordsPurged.Load(), BadRecordsWatched: c.stats.badRecordsWatched.Load(),
+		EventsDecoded: c.stats.eventsDecoded.Load(), EventsBad: c.stats.eventsBad.Load(),
+		StoreReachable: c.storeReachable(),
+		Local:          c.local.Stats(),
 	}
+}
+
+// badRecord counts a record that did not decode when read.
+func (c *Cache) badRecord(err error) {
+	c.stats.badRecords.Add(1)
+	c.tel.recordBad(err, opRead)
+}
+
+// badRecordWatched counts a record that did not decode when the watcher
+// saw it written.
+func (c *Cache) badRecordWatched(err error) {
+	c.stats.badRecordsWatched.Add(1)
+	c.tel.recordBad(err, opWatch)
 }

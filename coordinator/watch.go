@@ -9,13 +9,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// watchHub runs one KV watcher for the whole bucket and hands each change
-// of a key to its waiters, so a waiter can act on a committed record
-// without reading it again. Waiters also poll: a watcher can stall for
-// seconds after a leader change, and a poll bounds that.
+// watchHub runs one KV watcher for the whole bucket, decodes each change
+// once (counting records that do not decode) and hands it to the key's
+// waiters, so a waiter can act on a committed record without reading it
+// again. Waiters also poll: a watcher can stall for seconds after a leader
+// change, and a poll bounds that.
 type watchHub struct {
 	mu      sync.Mutex
-	waiters map[string]map[chan jetstream.KeyValueEntry]struct{} // by KV key; guarded by mu
+	waiters map[string]map[chan *current]struct{} // by KV key; guarded by mu
+	onBad   func(error)                           // called with each record that does not decode
 	cancel  context.CancelFunc
 	stop    func() error
 	quit    chan struct{}
@@ -25,8 +27,9 @@ type watchHub struct {
 // startWatchHub starts the watcher: of the whole bucket, or of one
 // tenant's keys (filter "<tenant>.>"), which needs only that tenant's
 // permissions. Its subscription lives as long as the context it is created
-// with, so it gets one of its own, ended by close.
-func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string) (*watchHub, error) {
+// with, so it gets one of its own, ended by close. onBad is called (on the
+// hub's goroutine) with the error of each record that does not decode.
+func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, onBad func(error)) (*watchHub, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var w jetstream.KeyWatcher
 	var err error
@@ -39,7 +42,7 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string) (*watchH
 		cancel()
 		return nil, err
 	}
-	h := &watchHub{waiters: make(map[string]map[chan jetstream.KeyValueEntry]struct{}),
+	h := &watchHub{waiters: make(map[string]map[chan *current]struct{}), onBad: onBad,
 		cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
 	// Stopping a watcher deletes its consumer: a request that waits out a
 	// timeout while the server is away. Then the connection's owner
@@ -59,7 +62,7 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string) (*watchH
 					return
 				}
 				if e != nil {
-					h.wake(e)
+					h.wake(e.Key(), h.state(e))
 				}
 			case <-h.quit:
 				return
@@ -69,15 +72,30 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string) (*watchH
 	return h, nil
 }
 
-// subscribe returns a channel that gets the key's latest change. Call it
-// before reading the key, so a change between the read and the wait is
-// not missed; cancel when done.
-func (h *watchHub) subscribe(key string) (<-chan jetstream.KeyValueEntry, func()) {
-	ch := make(chan jetstream.KeyValueEntry, 1)
+// state turns a watched change into a state, or nil if it says nothing
+// usable (a delete, a marker, a record that does not decode).
+func (h *watchHub) state(e jetstream.KeyValueEntry) *current {
+	if e.Operation() != jetstream.KeyValuePut {
+		return nil
+	}
+	rec, err := DecodeRecord(e.Value())
+	if err != nil {
+		h.onBad(err)
+		return nil
+	}
+	return &current{rev: e.Revision(), live: true, record: rec}
+}
+
+// subscribe returns a channel that gets the key's latest change: its
+// state, or nil for a change that says nothing usable (read the key
+// again). Call it before reading the key, so a change between the read
+// and the wait is not missed; cancel when done.
+func (h *watchHub) subscribe(key string) (<-chan *current, func()) {
+	ch := make(chan *current, 1)
 	h.mu.Lock()
 	set := h.waiters[key]
 	if set == nil {
-		set = make(map[chan jetstream.KeyValueEntry]struct{})
+		set = make(map[chan *current]struct{})
 		h.waiters[key] = set
 	}
 	set[ch] = struct{}{}
@@ -94,17 +112,17 @@ func (h *watchHub) subscribe(key string) (<-chan jetstream.KeyValueEntry, func()
 	}
 }
 
-// wake hands e to the key's waiters, replacing a change they have not
-// taken yet: only the latest matters.
-func (h *watchHub) wake(e jetstream.KeyValueEntry) {
+// wake hands a change of key to its waiters, replacing a change they have
+// not taken yet: only the latest matters.
+func (h *watchHub) wake(key string, st *current) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.waiters[e.Key()] {
+	for ch := range h.waiters[key] {
 		select {
 		case <-ch:
 		default:
 		}
-		ch <- e
+		ch <- st
 	}
 }
 
@@ -121,7 +139,7 @@ type watchSet struct {
 	hubs map[string]*watchHub // by tenant; "" is the whole bucket
 }
 
-func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string) (*watchSet, error) {
+func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, onBad func(error)) (*watchSet, error) {
 	ws := &watchSet{hubs: map[string]*watchHub{}}
 	if len(tenants) == 0 {
 		tenants = []string{""}
@@ -131,7 +149,7 @@ func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string) (*wat
 		if t != "" {
 			filter = t + ".>"
 		}
-		h, err := startWatchHub(nc, kv, filter)
+		h, err := startWatchHub(nc, kv, filter, onBad)
 		if err != nil {
 			ws.close()
 			return nil, err
@@ -142,7 +160,7 @@ func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string) (*wat
 }
 
 // subscribe is watchHub.subscribe on the hub that sees key.
-func (ws *watchSet) subscribe(key string) (<-chan jetstream.KeyValueEntry, func()) {
+func (ws *watchSet) subscribe(key string) (<-chan *current, func()) {
 	h := ws.hubs[""]
 	if h == nil {
 		tenant, _, _ := strings.Cut(key, ".")

@@ -8,12 +8,8 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
-	"github.com/vmihailenco/msgpack/v5"
 	"github.com/zeebo/blake3"
 )
-
-// SchemaVersion is the version of the event body this package writes.
-const SchemaVersion = 1
 
 // ErrBadEvent is returned for a body that does not decode, has an unknown
 // version or kind, or lacks what its kind needs.
@@ -84,20 +80,20 @@ func (c Cause) String() string {
 
 // Event is one event. Which fields are set depends on Kind: Location and
 // Expires for published and touched; Cause for evicted; Model and Epoch
-// for invalidated (and, when known, for the others).
+// for invalidated (and, when known, for the others). Its wire form is
+// Encode's (docs/protocol.md section 4).
 type Event struct {
-	V        int               `msgpack:"v"`
-	Kind     Kind              `msgpack:"kind"`
-	Tenant   string            `msgpack:"tenant"`
-	Key      cachekey.Key      `msgpack:"key"`
-	Model    string            `msgpack:"model,omitempty"`
-	Epoch    uint64            `msgpack:"epoch,omitempty"`
-	Node     string            `msgpack:"node,omitempty"` // who emitted it
-	Time     time.Time         `msgpack:"time"`
-	Expires  time.Time         `msgpack:"expires,omitempty"`
-	Location *payload.Location `msgpack:"location,omitempty"`
-	Cause    Cause             `msgpack:"cause,omitempty"`
-	Reason   string            `msgpack:"reason,omitempty"` // abandoned: the compute's error
+	Kind     Kind
+	Tenant   string
+	Key      cachekey.Key
+	Model    string
+	Epoch    uint64
+	Node     string // who emitted it
+	Time     time.Time
+	Expires  time.Time
+	Location *payload.Location
+	Cause    Cause
+	Reason   string // abandoned: the compute's error
 }
 
 // Subject returns the event's subject: embcache.ev.<tenant>.<kind>.<keyhex>.
@@ -118,14 +114,14 @@ func InvalidationKey(model string, epoch uint64) cachekey.Key {
 
 // Validate checks what Kind requires.
 func (e *Event) Validate() error {
-	if e.V != SchemaVersion {
-		return fmt.Errorf("%w: schema version %d, this reader knows %d", ErrBadEvent, e.V, SchemaVersion)
-	}
 	if e.Kind < KindPublished || e.Kind > KindInvalidated {
 		return fmt.Errorf("%w: unknown kind %d", ErrBadEvent, e.Kind)
 	}
 	if err := cachekey.ValidateTenant(e.Tenant); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadEvent, err)
+	}
+	if e.Time.IsZero() {
+		return fmt.Errorf("%w: %v without a time", ErrBadEvent, e.Kind)
 	}
 	switch e.Kind {
 	case KindPublished, KindTouched:
@@ -145,38 +141,6 @@ func (e *Event) Validate() error {
 		}
 	}
 	return nil
-}
-
-// Encode validates e and returns its msgpack body.
-func Encode(e *Event) ([]byte, error) {
-	if err := e.Validate(); err != nil {
-		return nil, err
-	}
-	return msgpack.Marshal(e)
-}
-
-// MaxEventSize bounds an event body; real ones are a few hundred bytes.
-const MaxEventSize = 64 << 10
-
-// Decode parses and validates a body. The error wraps ErrBadEvent.
-func Decode(b []byte) (e Event, err error) {
-	if len(b) > MaxEventSize {
-		return Event{}, fmt.Errorf("%w: %d bytes, at most %d", ErrBadEvent, len(b), MaxEventSize)
-	}
-	// msgpack/v5 panics on some malformed input (a nil where a struct
-	// belongs: found by FuzzDecode, testdata/fuzz): that is bad input too.
-	defer func() {
-		if r := recover(); r != nil {
-			e, err = Event{}, fmt.Errorf("%w: %v", ErrBadEvent, r)
-		}
-	}()
-	if err := msgpack.Unmarshal(b, &e); err != nil {
-		return Event{}, fmt.Errorf("%w: %v", ErrBadEvent, err)
-	}
-	if err := e.Validate(); err != nil {
-		return Event{}, err
-	}
-	return e, nil
 }
 
 // ParseSubject splits an event subject into tenant, kind and key.

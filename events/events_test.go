@@ -43,16 +43,16 @@ func key(i byte) cachekey.Key { return cachekey.Key{i, 0xee} }
 func published(tenant string, i byte, expires time.Time) *Event {
 	loc := payload.Location{Transport: "shm", Node: "n1", Address: "/dev/shm/embcache",
 		Object: payload.ObjectID{Tenant: tenant, Key: key(i)}.String(), Size: 128, Checksum: payload.Checksum{i}}
-	return &Event{V: SchemaVersion, Kind: KindPublished, Tenant: tenant, Key: key(i), Model: "m", Epoch: 1,
+	return &Event{Kind: KindPublished, Tenant: tenant, Key: key(i), Model: "m", Epoch: 1,
 		Node: "n1", Time: now, Expires: expires, Location: &loc}
 }
 
 func TestEncodeDecode(t *testing.T) {
 	for _, e := range []*Event{
 		published("acme", 1, now.Add(time.Hour)),
-		{V: 1, Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now},
-		{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(2), Reason: "OOM", Time: now},
-		{V: 1, Kind: KindInvalidated, Tenant: "acme", Key: InvalidationKey("m", 3), Model: "m", Epoch: 3, Time: now},
+		{Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now},
+		{Kind: KindAbandoned, Tenant: "acme", Key: key(2), Reason: "OOM", Time: now},
+		{Kind: KindInvalidated, Tenant: "acme", Key: InvalidationKey("m", 3), Model: "m", Epoch: 3, Time: now},
 	} {
 		b, err := Encode(e)
 		if err != nil {
@@ -71,18 +71,18 @@ func TestEncodeDecode(t *testing.T) {
 		}
 	}
 	for name, e := range map[string]*Event{
-		"version":      {V: 2, Kind: KindAbandoned, Tenant: "acme"},
-		"kind":         {V: 1, Kind: 9, Tenant: "acme"},
-		"tenant":       {V: 1, Kind: KindAbandoned, Tenant: "a.b"},
-		"no location":  {V: 1, Kind: KindPublished, Tenant: "acme", Expires: now},
-		"no cause":     {V: 1, Kind: KindEvicted, Tenant: "acme"},
-		"invalidation": {V: 1, Kind: KindInvalidated, Tenant: "acme", Model: "m", Epoch: 3, Key: key(1)},
+		"no time":      {Kind: KindAbandoned, Tenant: "acme"},
+		"kind":         {Kind: 9, Tenant: "acme", Time: now},
+		"tenant":       {Kind: KindAbandoned, Tenant: "a.b", Time: now},
+		"no location":  {Kind: KindPublished, Tenant: "acme", Expires: now, Time: now},
+		"no cause":     {Kind: KindEvicted, Tenant: "acme", Time: now},
+		"invalidation": {Kind: KindInvalidated, Tenant: "acme", Model: "m", Epoch: 3, Key: key(1), Time: now},
 	} {
 		if _, err := Encode(e); !errors.Is(err, ErrBadEvent) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	for _, garbage := range [][]byte{nil, {0xc1}, []byte("not msgpack"), {0x81, 0xa1, 'v', 0x02}} {
+	for _, garbage := range [][]byte{nil, {0xc1}, []byte("not msgpack"), {0x81, 0xa1, 'v', 0x02}, {0x81, 0xa1, 'v', 0x03}} {
 		if _, err := Decode(garbage); !errors.Is(err, ErrBadEvent) {
 			t.Errorf("garbage %x: %v", garbage, err)
 		}
@@ -128,8 +128,8 @@ func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
 	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
 		t.Fatal(err)
 	}
-	pub.PublishSync(ctx, published("other", 2, now.Add(time.Hour)))                                 // other tenant
-	pub.PublishSync(ctx, &Event{V: 1, Kind: KindAbandoned, Tenant: "acme", Key: key(3), Time: now}) // other kind
+	pub.PublishSync(ctx, published("other", 2, now.Add(time.Hour)))                           // other tenant
+	pub.PublishSync(ctx, &Event{Kind: KindAbandoned, Tenant: "acme", Key: key(3), Time: now}) // other kind
 	if _, err := js.Publish(ctx, "embcache.ev.acme.published."+key(4).String(), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
@@ -201,9 +201,9 @@ func TestReplayRebuildsLiveSet(t *testing.T) {
 	touch := published("acme", 3, now.Add(2*time.Hour))
 	touch.Kind = KindTouched
 	emit(touch)
-	emit(&Event{V: 1, Kind: KindEvicted, Tenant: "acme", Key: key(2), Cause: CauseExpired, Time: now})
+	emit(&Event{Kind: KindEvicted, Tenant: "acme", Key: key(2), Cause: CauseExpired, Time: now})
 	emit(published("beta", 4, now.Add(time.Hour)))
-	emit(&Event{V: 1, Kind: KindInvalidated, Tenant: "beta", Model: "m", Epoch: 1, Key: InvalidationKey("m", 1), Time: now})
+	emit(&Event{Kind: KindInvalidated, Tenant: "beta", Model: "m", Epoch: 1, Key: InvalidationKey("m", 1), Time: now})
 	js.Publish(ctx, "embcache.ev.acme.published."+key(9).String(), []byte{0xc1}) // garbage
 
 	replayed, skipped, err := Replay(ctx, js)

@@ -20,6 +20,10 @@ type SubscribeOptions struct {
 	// New starts an ordered consumer at new events instead of the start.
 	New    bool
 	Logger *slog.Logger
+	// OnBad, if set, is called with the reason of each event skipped
+	// because it did not decode (metrics count them), before it is
+	// acknowledged.
+	OnBad func(BadReason)
 }
 
 func (o SubscribeOptions) filters() []string {
@@ -49,7 +53,8 @@ type Subscription struct {
 
 // Subscribe calls handle for every event that matches opts, one at a time,
 // acknowledging each after handle returns. An event that does not decode
-// is counted (Bad), logged and acknowledged: it is skipped, never fatal.
+// is counted (Bad), logged, passed to OnBad with its reason and
+// acknowledged: it is skipped, never fatal.
 func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOptions, handle func(Event)) (*Subscription, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -83,7 +88,11 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 		e, err := Decode(m.Data())
 		if err != nil {
 			s.bad.Add(1)
-			logger.Warn("events: skipping an event that does not decode", "subject", m.Subject(), "err", err)
+			reason := ReasonOf(err)
+			logger.Warn("events: skipping an event that does not decode", "subject", m.Subject(), "reason", reason, "err", err)
+			if opts.OnBad != nil {
+				opts.OnBad(reason)
+			}
 		} else {
 			handle(e)
 			s.handled.Add(1)

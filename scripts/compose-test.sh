@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 project="embcache-test-$$"
-dc() { "${compose[@]}" -p "$project" -f deploy/docker-compose.yml "$@"; }
+dc() { "${compose[@]}" -p "$project" "$@"; }
 cleanup() {
   status=$?
   if [ $status -ne 0 ]; then dc logs --no-color --tail 40 >&2 || true; fi
@@ -17,7 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-docker build -q -f deploy/Dockerfile -t embcache:dev . >/dev/null
+docker build -q -t embcache:dev . >/dev/null
 dc up -d
 # Wait for the workers' healthchecks (they pass once their NATS is reachable).
 for svc in encoder prefill1 prefill2 prefill3; do

@@ -43,6 +43,9 @@ func newAgent() *cobra.Command {
 				return err
 			}
 			defer tel.shutdown()
+			if tel.addr != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "embcache agent: metrics at http://%s/metrics\n", tel.addr)
+			}
 			// Pulled values land in the store the agent answers files of:
 			// received there in one pass, not pulled into memory and copied.
 			opts := append(tel.options(), coordinator.WithComputeTimeout(computeTimeout), coordinator.WithPullToShm())

@@ -312,7 +312,7 @@ func newInvalidate() *cobra.Command {
 			}
 			pub := events.NewPublisher(js, 1, 1, newLogger(cmd.ErrOrStderr(), false))
 			defer pub.Close(ctx)
-			e := &events.Event{V: events.SchemaVersion, Kind: events.KindInvalidated, Tenant: tenant, Model: model, Epoch: epoch,
+			e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant, Model: model, Epoch: epoch,
 				Key: events.InvalidationKey(model, epoch), Node: hostname(), Time: time.Now()}
 			if err := pub.PublishSync(ctx, e); err != nil {
 				return err

@@ -219,15 +219,15 @@ func TestKeyMatchesGoldenVectors(t *testing.T) {
 	}
 }
 
-// startServe runs `embcache serve` on a free port until the test ends and
-// returns its URL and a Cache connected to it.
-func startServe(t *testing.T) (string, *coordinator.Cache, *syncBuffer) {
+// startServe runs `embcache serve` (with extra flags) on a free port until
+// the test ends and returns its URL and a Cache connected to it.
+func startServe(t *testing.T, extra ...string) (string, *coordinator.Cache, *syncBuffer) {
 	t.Helper()
 	port, _ := embedded.FreePort("127.0.0.1")
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	dir := t.TempDir()
-	serve := exec.Command(binary, "serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
-		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s")
+	serve := exec.Command(binary, append([]string{"serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
+		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s"}, extra...)...)
 	serveOut := &syncBuffer{}
 	serve.Stdout, serve.Stderr = serveOut, serveOut
 	if err := serve.Start(); err != nil {

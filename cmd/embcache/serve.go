@@ -167,9 +167,9 @@ func runServe(ctx context.Context, c serveConfig, cmd *cobra.Command) error {
 	}
 	done := make(chan struct{})
 	if !c.noReconciler {
-		rec, err := coordinator.NewReconciler(nc, coordinator.WithNode(c.node), coordinator.WithReplicas(c.replicas),
+		rec, err := coordinator.NewReconciler(nc, append(tel.options(), coordinator.WithNode(c.node), coordinator.WithReplicas(c.replicas),
 			coordinator.WithLeaseTTL(c.leaseTTL), coordinator.WithStoreTTL(c.storeTTL), coordinator.WithLogger(logger),
-			coordinator.WithTransport(payload.TransportShm, store))
+			coordinator.WithTransport(payload.TransportShm, store))...)
 		if err != nil {
 			return err
 		}

@@ -96,6 +96,9 @@ func newWorker() *cobra.Command {
 				return err
 			}
 			defer tel.shutdown()
+			if tel.addr != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "embcache worker: metrics at http://%s/metrics\n", tel.addr)
+			}
 			j, err := nf.join(ctx, logger, tel.options()...)
 			if err != nil {
 				return err

@@ -6,9 +6,13 @@
 // Writers write a temp file (space allocated first, so a full disk fails
 // before anything is written) and rename it into place without replacing:
 // the first writer wins and readers never see a partial file. Each file is
-// the value's encoding followed by its 32-byte checksum, so Get checks the
-// file against the Location's checksum without reading the data; WithVerifyData
-// re-hashes the data on every Get as well. Receive writes a value streamed
+// the value's encoding followed by its 32-byte checksum (the trailer). The
+// first Get of a file in a process maps it and hashes the encoding: it must
+// hash to the trailer, and the trailer must be the Location's checksum, so
+// a flipped byte or a foreign file is payload.ErrCorrupt, never a value.
+// Later Gets share that mapping while a value holds it and hash nothing
+// (WithVerifyData(false) checks the trailer only; docs/protocol.md section
+// 2.3 has the threat model and the cost). Receive writes a value streamed
 // from another node the same way, hashing it as it writes, and puts it in
 // place only if it matches the checksum it was sent for.
 package shm

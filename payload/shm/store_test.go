@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
@@ -184,44 +185,49 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// flipByte flips the bit 0 of the byte at off in the file at path (made
+// writable for it), as a bit flip on tmpfs or another process would.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 1
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCorruption: what the trailer check alone catches (the checks every
+// Get makes, verifying or not).
 func TestCorruption(t *testing.T) {
 	ctx := context.Background()
 	dir := testDir(t)
-	s, _ := Open(dir)
-	verifying, _ := Open(dir, WithVerifyData(true))
+	s, _ := Open(dir, WithVerifyData(false))
 	loc, err := s.Put(ctx, obj(3), testValue(100))
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := s.path(obj(3))
-	flip := func(off int64) {
-		t.Helper()
-		os.Chmod(path, 0o644)
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := make([]byte, 1)
-		f.ReadAt(b, off)
-		b[0] ^= 1
-		f.WriteAt(b, off)
-		f.Close()
-	}
-	flip(loc.Size - 1) // last data byte
-	if _, err := verifying.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
-		t.Fatalf("corrupt data, verifying store: %v", err)
-	}
-	flip(loc.Size - 1)
-	flip(loc.Size) // trailer
+	flipByte(t, path, loc.Size) // trailer
 	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
 		t.Fatalf("corrupt trailer: %v", err)
 	}
-	flip(loc.Size)
-	flip(9) // header: version
+	flipByte(t, path, loc.Size)
+	flipByte(t, path, 9) // header: version
 	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
 		t.Fatalf("corrupt header: %v", err)
 	}
-	flip(9)
+	flipByte(t, path, 9)
 	wrong := loc
 	wrong.Size++
 	if _, err := s.Get(ctx, wrong); !errors.Is(err, payload.ErrCorrupt) {
@@ -248,6 +254,209 @@ func TestCorruption(t *testing.T) {
 	missing.Object = obj(9).String()
 	if _, err := s.Get(ctx, missing); !errors.Is(err, payload.ErrNotFound) {
 		t.Fatalf("missing: %v", err)
+	}
+}
+
+// TestFlippedDataByteIsNotServed: one flipped data byte, trailer intact,
+// is ErrCorrupt from a store that verifies (the default), and the file is
+// removed so that the value can be written again. Without verification
+// the flip is served: that is what the option trades.
+func TestFlippedDataByteIsNotServed(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trailerOnly, _ := Open(dir, WithVerifyData(false))
+	v := testValue(100_000)
+	loc, err := s.Put(ctx, obj(7), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := s.Path(obj(7))
+	flipByte(t, path, payload.DataOffset(v)+12345)
+
+	served, err := trailerOnly.Get(ctx, loc)
+	if err != nil {
+		t.Fatalf("trailer only: %v", err)
+	}
+	if bytes.Equal(served.Tensor.Data, v.Tensor.Data) {
+		t.Fatal("the flip did not reach the file")
+	}
+	served.Close()
+
+	got, err := s.Get(ctx, loc)
+	if !errors.Is(err, payload.ErrCorrupt) || got != nil {
+		t.Fatalf("flipped data byte: %v, %v; want ErrCorrupt and no value", got, err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) || s.Used() != 0 {
+		t.Fatalf("the corrupt file is still there (%v), %d bytes used", err, s.Used())
+	}
+	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
+		t.Fatalf("after removal: %v", err)
+	}
+	again, err := s.Put(ctx, obj(7), v)
+	if err != nil || again != loc {
+		t.Fatalf("put again: %+v %v", again, err)
+	}
+	got, err = s.Get(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+		t.Fatal("value differs")
+	}
+}
+
+// TestConsistentRewriteIsNotServed: a file rewritten whole, trailer
+// included, so that it is consistent with itself, is still not the
+// record's value: the check is against the Location's checksum.
+func TestConsistentRewriteIsNotServed(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	s, _ := Open(dir)
+	other, _ := Open(t.TempDir())
+	loc, err := s.Put(ctx, obj(8), testValue(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := testValue(1000)
+	forged.Tensor.Data[0] ^= 1
+	if _, err := other.Put(ctx, obj(8), forged); err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(other.Path(obj(8)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(s.Path(obj(8)), 0o644)
+	if err := os.WriteFile(s.Path(obj(8)), file, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) || got != nil {
+		t.Fatalf("consistent rewrite: %v, %v; want ErrCorrupt", got, err)
+	}
+}
+
+// TestVerifiedOncePerMapping: Gets of a file share one mapping, hashed
+// when it is made; concurrent first Gets share that hash. The mapping
+// goes with its last value, and the next Get maps and hashes again; so
+// does a file changed since.
+func TestVerifiedOncePerMapping(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, err := Open(dir) // another process's store: s did not write the file, so it hashes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testValue(50_000)
+	loc, err := writer.Put(ctx, obj(9), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Get(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Get(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.hashes.Load(); n != 1 {
+		t.Fatalf("read twice, hashed %d times", n)
+	}
+	if &first.Tensor.Data[0] != &second.Tensor.Data[0] || !bytes.Equal(second.Tensor.Data, v.Tensor.Data) {
+		t.Fatal("the second read did not share the first one's mapping")
+	}
+	first.Close()
+	second.Close()
+	if len(s.maps) != 0 {
+		t.Fatalf("%d mappings left after the last value closed", len(s.maps))
+	}
+
+	// Concurrent first Gets: one hash, whoever makes the mapping.
+	vals := make([]*payload.Value, 8)
+	var wg sync.WaitGroup
+	for i := range vals {
+		wg.Go(func() {
+			got, err := s.Get(ctx, loc)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			vals[i] = got
+		})
+	}
+	wg.Wait()
+	if n := s.hashes.Load(); n != 2 {
+		t.Fatalf("8 concurrent reads after a release: %d hashes in all, want 2", n)
+	}
+	// The file changed in place (its mtime moves): a new mapping, hashed.
+	path := s.Path(obj(9))
+	flipByte(t, path, loc.Size-1)
+	old := time.Unix(1_000_000, 0)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
+		t.Fatalf("changed while mapped: %v", err)
+	}
+	if n := s.hashes.Load(); n != 3 {
+		t.Fatalf("%d hashes, want 3", n)
+	}
+	for _, got := range vals {
+		got.Close()
+	}
+	if len(s.maps) != 0 {
+		t.Fatalf("%d mappings left", len(s.maps))
+	}
+}
+
+// TestReceivedFileIsNotHashedTwice: Receive hashed the bytes as it wrote
+// them; the Get right after maps the file without a second pass.
+func TestWrittenFileIsNotHashedTwice(t *testing.T) {
+	ctx := context.Background()
+	s, _ := Open(testDir(t))
+	v := testValue(100_000)
+	enc, _ := payload.Encode(v)
+	sum, _ := payload.Sum(v)
+	loc, err := s.Receive(ctx, obj(10), int64(len(enc)), sum, bytes.NewReader(enc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+	if n := s.hashes.Load(); n != 0 {
+		t.Fatalf("a received file was hashed %d times at its first map", n)
+	}
+	got, err = s.Get(ctx, loc) // a new mapping: hashed
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+	if n := s.hashes.Load(); n != 1 {
+		t.Fatalf("%d hashes, want 1", n)
+	}
+	// Nor is a file Put wrote (hashed as it wrote it).
+	loc, err = s.Put(ctx, obj(11), testValue(100_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = s.Get(ctx, loc); err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+	if n := s.hashes.Load(); n != 1 {
+		t.Fatalf("a file Put wrote was hashed at its first map (%d hashes, want 1)", n)
 	}
 }
 

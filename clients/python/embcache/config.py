@@ -41,13 +41,31 @@ class EncoderPreprocessingConfig:
     weight_epoch: int = 0
 
     def __post_init__(self) -> None:
+        # Each field is checked for its type here, by name, as the agent
+        # checks it (docs/protocol.md 1.1): a "3" for an epoch is refused at
+        # the call that made it, not as a 400 far from it. Ranges and
+        # per-modality rules stay the agent's.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if str(f.type) == "str" and not isinstance(value, str):
+                raise TypeError(_wrong_type(f.name, "a str", value))
+            if str(f.type) == "int" and not _is_int(value):
+                raise TypeError(_wrong_type(f.name, "an int", value))
         # Lists from JSON or YAML become tuples: the config stays hashable.
+        # None stands for an empty normalize list, as in the protocol.
         for name in ("image_size", "normalize_mean", "normalize_std"):
-            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
-        # The agent refuses the rest (docs/protocol.md 1.1); this one would
-        # otherwise be sent as it is and refused there with less context.
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise TypeError(_wrong_type(name, "a list", value))
+            object.__setattr__(self, name, tuple(value or ()))
+        if not all(_is_int(v) for v in self.image_size):
+            raise TypeError(_wrong_type("image_size", "two ints (width, height)", self.image_size))
         if len(self.image_size) != 2:
-            raise ValueError(f"image_size {self.image_size!r}: want (width, height)")
+            raise ValueError(f"preprocessing config: image_size: {self.image_size!r}: want two values (width, height)")
+        for name in ("normalize_mean", "normalize_std"):
+            for v in getattr(self, name):
+                if not (_is_int(v) or isinstance(v, float)):
+                    raise TypeError(_wrong_type(name, "a list of numbers", v))
 
     def to_wire(self) -> Dict[str, Any]:
         """The config as the agent takes it: every field, by its wire name."""
@@ -71,6 +89,14 @@ class EncoderPreprocessingConfig:
         if unknown:
             raise ValueError(f"preprocessing config: {unknown[0]!r}: unknown field (names are exact, lower case)")
         return cls(**d)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _wrong_type(name: str, want: str, value: Any) -> str:
+    return f"preprocessing config: {name}: want {want}, got {type(value).__name__} {value!r}"
 
 
 _HEX64 = re.compile("[0-9a-f]{64}")

@@ -89,6 +89,20 @@ class KeyParityTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             EmbeddingCacheKey(key="xyz", tenant="acme")
 
+    def test_wrong_types_are_refused_by_name(self):
+        # Each field's type is checked where the config is made, naming the
+        # field: a YAML "3" for an epoch never reaches the agent.
+        good = harness.config().to_wire()
+        for name, bad in [("weight_epoch", "3"), ("weight_epoch", True), ("audio_sample_rate", 16000.0),
+                          ("model_id", 7), ("tenant", None), ("image_size", "448x448"), ("image_size", [448.0, 448]),
+                          ("normalize_mean", [0.5, "0.5", 0.5]), ("normalize_std", 0.5), ("cache_schema_version", "1")]:
+            with self.subTest(field=name, value=bad):
+                with self.assertRaisesRegex(TypeError, f"preprocessing config: {name}: "):
+                    EncoderPreprocessingConfig.from_dict(dict(good, **{name: bad}))
+        # None stands for an empty normalize list, as the agent reads it.
+        cfg = EncoderPreprocessingConfig.from_dict(dict(good, modality="tokens", normalize_mean=None, normalize_std=None))
+        self.assertEqual((cfg.normalize_mean, cfg.normalize_std), ((), ()))
+
 
 if __name__ == "__main__":
     unittest.main()
