@@ -393,13 +393,13 @@ func TestBadRequests(t *testing.T) {
 	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", []int64{1}, []byte{1, 2, 3, 4}); err != nil {
 		t.Fatal(err)
 	}
-	for _, body := range []string{"{", `{"key": 7}`, `{"unknown": 1}`} {
+	for _, body := range []string{"{", `{"key": 7}`, `{"unknown": 1}`, `{"key": "` + ref.Key + `", "tenant": "acme"} x`} {
 		resp, err := rawPost(n.socket, "/v1/lookup", body)
 		if err != nil || resp != 400 {
 			t.Fatalf("%s: %d %v", body, resp, err)
 		}
 	}
-	if s := n.srv.Stats().Agent; s.BadRequests < 5 {
+	if s := n.srv.Stats().Agent; s.BadRequests < 6 {
 		t.Fatalf("bad requests counted: %+v", s)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -239,6 +240,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		s.fail(w, fmt.Errorf("%w: data after the request's JSON object", ErrBadRequest))
 		return false
 	}
 	return true

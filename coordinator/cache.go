@@ -60,14 +60,18 @@ func (p Path) String() string {
 
 // Cache is the cluster-wide get-or-compute facade. Safe for concurrent use.
 type Cache struct {
-	s      settings
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	local  *localcache.Cache[payload.ObjectID, *payload.Value]
-	router *router
-	owner  string
-	stats  counters
-	tel    *instruments
+	s     settings
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	local *localcache.Cache[payload.ObjectID, *payload.Value]
+	// expiries holds the record expiry of each value on its way into the
+	// local cache (payload.ObjectID -> time.Time), taken at its insertion:
+	// a local copy lives as long as its record (docs/protocol.md 4.3).
+	expiries sync.Map
+	router   *router
+	owner    string
+	stats    counters
+	tel      *instruments
 
 	mu     sync.Mutex
 	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
@@ -108,8 +112,10 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	c := &Cache{s: s, leases: make(map[*Lease]struct{}), done: make(chan struct{})}
 	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
+		localcache.WithExpiry(c.recordExpiry),
 		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, cause localcache.Cause) {
 			v.Close()
+			c.expiries.Delete(k)
 			c.tel.evicted(cause)
 			if l := c.eventLink(); l != nil {
 				l.forget(k)
@@ -138,6 +144,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 		s.logger.Warn("embcache: store unreachable, computing locally until it is back",
 			"servers", serverNames(nc), "err", err)
 		c.bg.Go(c.reconnectLoop)
+	}
+	if every := c.payloadSweepEvery(); s.shm != nil && every > 0 {
+		c.bg.Go(func() { c.sweepLoop(every) })
 	}
 	return c, nil
 }
@@ -173,7 +182,7 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		return err
 	}
 	ls.direct = len(c.s.tenants) > 0
-	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants, c.badRecordWatched)
+	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants, watchHooks{bad: c.badRecordWatched, changed: c.recordChanged})
 	if err != nil {
 		return err
 	}
@@ -358,6 +367,18 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			unsubscribe()
 			v, err := c.pull(ctx, ref, cur.record)
 			if err == nil {
+				// After the pull, so that an invalidation this process has
+				// not applied yet to its local copies is seen here (4.4).
+				stale, err := c.invalidatedRecord(ctx, ls, ref.Tenant, cur.record)
+				if err != nil {
+					v.Close()
+					return c.degraded(ctx, fn, err)
+				}
+				if stale {
+					v.Close()
+					c.dropInvalidated(ctx, ls, key, cur)
+					continue
+				}
 				if waited {
 					return v, PathWaited, nil
 				}
@@ -368,7 +389,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 			// Drop the record (if nobody changed it) so the key can be recomputed.
 			octx, cancel := c.opContext(ctx)
-			err = ls.purge(octx, key, cur.rev)
+			err = ls.purgeFor(octx, key, cur.rev, events.CauseCorrupt)
 			cancel()
 			if err != nil && !errors.Is(err, ErrLeaseLost) {
 				return c.degraded(ctx, fn, err)
@@ -505,8 +526,11 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 		if !errors.Is(err, ErrLeaseLost) {
 			lease.Abandon(context.WithoutCancel(ctx), err)
 		}
-	} else if l != nil {
-		l.published(lease.ref, loc, lease.expires(), true)
+	} else {
+		c.expiries.Store(lease.ref.Object(), lease.expires())
+		if l != nil {
+			l.published(lease.ref, loc, lease.expires(), true)
+		}
 	}
 	return v, PathComputed, nil
 }
@@ -572,6 +596,7 @@ func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, e
 		ls.purge(context.Background(), key, rev)
 		return nil, ErrClosed
 	}
+	rec.Reserved = rev // carried by the renewals and the commit
 	l := newLease(c, ls, ref, key, rev, rec, sent)
 	c.leases[l] = struct{}{}
 	if o := c.s.observer; o != nil {
@@ -641,22 +666,22 @@ func (c *Cache) Close() error {
 }
 
 // Invalidate declares every value of tenant computed by model at weight
-// epoch stale: this process drops its copies now, the others when the
-// invalidated event reaches them, and the reconciler removes the records
-// and payloads. It needs the event stream (WithEvents).
+// epoch stale, as the package's Invalidate does, and drops this process's
+// copies at once (the others drop theirs when the invalidated event
+// reaches them). It needs the event stream (WithEvents).
 func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
 	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, tenant) {
 		return fmt.Errorf("%w: %q", ErrTenant, tenant)
 	}
 	l := c.eventLink()
-	if l == nil {
-		return fmt.Errorf("%w: invalidation needs the event stream", ErrStoreUnavailable)
+	ls, _ := c.handles()
+	if l == nil || ls == nil {
+		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
 	}
-	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,
-		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: c.s.node, Time: time.Now()}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	if err := l.pub.PublishSync(octx, e); err != nil {
+	e, err := invalidate(octx, ls, l.pub, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
+	if err != nil {
 		return err
 	}
 	l.apply(*e)

@@ -41,7 +41,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
 		meta: make(map[payload.ObjectID]*valueMeta)}
 	opts := events.SubscribeOptions{
-		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated, events.KindTouched},
+		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated}, // touches are the reconciler's
 		New:    true,
 		Logger: c.s.logger,
 		OnBad: func(r events.BadReason) {
@@ -136,13 +136,19 @@ func (l *eventLink) forget(obj payload.ObjectID) {
 
 // apply follows the others: an eviction or invalidation drops local
 // copies (pinned ones stay with their holders until released) and the
-// payloads this node wrote; a touch extends the local TTL.
+// payloads this node wrote. A touch says nothing to a local copy: it
+// follows its record's expiry (recordChanged), which only the reconciler
+// extends.
 func (l *eventLink) apply(e events.Event) {
 	c := l.c
 	switch e.Kind {
 	case events.KindEvicted:
 		obj := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
-		c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
+		cause := localcache.CauseStore
+		if e.Cause == events.CauseInvalidated {
+			cause = localcache.CauseInvalidated
+		}
+		c.local.Evict(obj, cause)
 		if e.Location != nil && e.Location.Node == c.s.node {
 			ctx, cancel := c.opContext(context.Background())
 			c.router.putter.Delete(ctx, *e.Location)
@@ -162,8 +168,6 @@ func (l *eventLink) apply(e events.Event) {
 			set[obj] = true
 		}
 		c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return set[k] }, localcache.CauseInvalidated)
-	case events.KindTouched:
-		c.local.Touch(payload.ObjectID{Tenant: e.Tenant, Key: e.Key}, e.Expires)
 	}
 }
 

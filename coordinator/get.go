@@ -46,7 +46,20 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	// Through a flight of its own, so that concurrent gets share one pull;
 	// never through another's, which may be a compute (a wait).
 	v, err = c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
-		return c.pull(cctx, ref, cur.record)
+		v, err := c.pull(cctx, ref, cur.record)
+		if err != nil {
+			return nil, err
+		}
+		stale, err := c.invalidatedRecord(cctx, ls, ref.Tenant, cur.record)
+		if err == nil && stale {
+			c.dropInvalidated(cctx, ls, ref.KVKey(), cur)
+			err = errors.New("coordinator: the record was invalidated")
+		}
+		if err != nil {
+			v.Close()
+			return nil, err
+		}
+		return v, nil
 	})
 	if errors.Is(err, localcache.ErrInFlight) {
 		return nil, 0, ErrNotCached
@@ -69,6 +82,7 @@ func (c *Cache) pull(ctx context.Context, ref Ref, rec Record) (*payload.Value, 
 			"location", rec.Location.Object, "node", rec.Location.Node, "err", err)
 		return nil, err
 	}
+	c.expiries.Store(ref.Object(), rec.Expires)
 	c.stats.remoteHits.Add(1)
 	c.tel.pullBytes.Add(ctx, rec.Location.Size)
 	c.tel.pullTime.Record(ctx, time.Since(start).Seconds())

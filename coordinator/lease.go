@@ -343,6 +343,16 @@ func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location,
 		l.refused(err, false)
 		return payload.Location{}, err
 	}
+	// Past its deadline the key may be someone else's, and their value's
+	// payload under the same name: a Put of other bytes would replace it.
+	l.mu.Lock()
+	deadline := l.deadline
+	l.mu.Unlock()
+	if now := l.clock.Now(); !now.Before(deadline) {
+		err := fmt.Errorf("%w: %s past its deadline (%v ago) before the payload write", ErrLeaseLost, l.key, now.Sub(deadline))
+		l.refused(err, l.lose(err))
+		return payload.Location{}, err
+	}
 	// The write can be long: heartbeats go on while it runs.
 	loc, err := l.c.router.put(ctx, l.ref.Object(), v)
 	if err != nil {

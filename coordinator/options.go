@@ -51,6 +51,7 @@ type settings struct {
 	node           string
 	putter         payload.Transport
 	getters        map[string]payload.Transport
+	payloadSweep   time.Duration
 	shm            *shm.Store
 	pullToShm      bool
 	local          []localcache.Option
@@ -175,6 +176,22 @@ func WithStoreTTL(d time.Duration) Option {
 			return fmt.Errorf("%w: store TTL must be >= 1s, got %v", ErrInvalidOption, d)
 		}
 		s.storeTTL = d
+		return nil
+	}
+}
+
+// WithPayloadSweep sets how often this process removes the files of its
+// shm store (WithShm) whose value no committed record names any more:
+// expired or invalidated while no reconciler ran, or left by a commit that
+// failed. A file is kept while it is younger than one interval (a commit
+// may be about to name it). Default: half the store TTL, between 30 s and
+// 10 min; d < 0 turns it off.
+func WithPayloadSweep(d time.Duration) Option {
+	return func(s *settings) error {
+		if d == 0 {
+			return fmt.Errorf("%w: payload sweep interval 0 (< 0 turns it off)", ErrInvalidOption)
+		}
+		s.payloadSweep = d
 		return nil
 	}
 }

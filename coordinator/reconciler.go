@@ -249,7 +249,7 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 			switch {
 			case e == nil || e.Key() == ReconcilerKey:
 			case e.Operation() != jetstream.KeyValuePut:
-				r.expire(ctx, ls, pub, state, e.Key(), events.CauseExpired)
+				r.expire(ctx, ls, pub, state, e.Key(), purgeCause(e.Value()))
 			default:
 				if _, err := DecodeRecord(e.Value()); err != nil {
 					r.tel.recordBad(err, opWatch)
@@ -305,7 +305,11 @@ func (r *Reconciler) read(ctx context.Context, ls *leaseStore, key string) (curr
 }
 
 // expire removes what is left of a value whose record is gone and tells
-// the workers.
+// the workers, once per value: a key the events do not call live (a
+// computing record's, or a value already announced) has nothing to evict,
+// and workers drop local copies when they see the record go. A payload
+// found corrupt is left to the reader that found it (its store removes a
+// corrupt file; a recompute may already have put the value back).
 func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
 	tenant, hexKey, ok := strings.Cut(kvKey, ".")
 	key, err := cachekey.Parse(hexKey)
@@ -314,12 +318,13 @@ func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Pub
 	}
 	obj := payload.ObjectID{Tenant: tenant, Key: key}
 	entry, known := state.Get(obj)
-	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key,
-		Node: r.s.node, Time: time.Now(), Cause: cause}
-	if known {
-		ev.Model, ev.Epoch = entry.Model, entry.Epoch
-		loc := entry.Location
-		ev.Location = &loc
+	if !known {
+		return
+	}
+	loc := entry.Location
+	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
+		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
+	if cause != events.CauseCorrupt {
 		r.deletePayload(ctx, loc)
 	}
 	if cause == events.CauseExpired {
@@ -380,7 +385,7 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub 
 		cur, err := r.read(octx, ls, key)
 		if err == nil && cur.live && cur.record.State == StateCommitted &&
 			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch {
-			if ls.purge(octx, key, cur.rev) == nil {
+			if ls.purgeFor(octx, key, cur.rev, events.CauseInvalidated) == nil {
 				r.did(actionInvalidate)
 				if loc := cur.record.Location; loc != nil {
 					obj, _ := loc.ObjectID()

@@ -20,22 +20,27 @@ type State uint8
 const (
 	StateComputing State = iota + 1
 	StateCommitted
+	// StateInvalidated is an invalidation's tombstone, under its own key
+	// (docs/protocol.md 4.4): no value, the model and epoch invalidated.
+	StateInvalidated
 )
 
-// String returns "computing" or "committed".
+// String returns "computing", "committed" or "invalidated".
 func (s State) String() string {
 	switch s {
 	case StateComputing:
 		return "computing"
 	case StateCommitted:
 		return "committed"
+	case StateInvalidated:
+		return "invalidated"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
 // MarshalText implements encoding.TextMarshaler.
 func (s State) MarshalText() ([]byte, error) {
-	if s != StateComputing && s != StateCommitted {
+	if s < StateComputing || s > StateInvalidated {
 		return nil, fmt.Errorf("%w: state %d", ErrBadRecord, uint8(s))
 	}
 	return []byte(s.String()), nil
@@ -48,6 +53,8 @@ func (s *State) UnmarshalText(b []byte) error {
 		*s = StateComputing
 	case "committed":
 		*s = StateCommitted
+	case "invalidated":
+		*s = StateInvalidated
 	default:
 		return fmt.Errorf("%w: unknown state %q", ErrBadRecord, b)
 	}
@@ -64,6 +71,11 @@ type Record struct {
 	Heartbeat time.Time `json:"heartbeat"`
 	Model     string    `json:"model,omitempty"`
 	Epoch     uint64    `json:"epoch,omitempty"`
+	// Reserved is the revision of the reservation that computed the value:
+	// readers refuse a committed record reserved before its model and
+	// epoch's latest invalidation (docs/protocol.md 4.4). 0 in records of
+	// earlier versions: older than any invalidation.
+	Reserved uint64 `json:"reserved,omitempty"`
 
 	// Set once committed.
 	Location *payload.Location `json:"location,omitempty"`
@@ -103,6 +115,10 @@ func DecodeRecord(b []byte) (Record, error) {
 	case StateComputing:
 		if r.Location != nil {
 			return Record{}, badRecord(events.BadInvalid, "a computing record with a location")
+		}
+	case StateInvalidated:
+		if r.Location != nil || r.Model == "" {
+			return Record{}, badRecord(events.BadInvalid, "a tombstone with a location or without a model")
 		}
 	case StateCommitted:
 		if r.Location == nil {

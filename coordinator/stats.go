@@ -10,7 +10,8 @@ type counters struct {
 	localHits, remoteHits, computes, computeErrors, waits, takeovers atomic.Uint64
 	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
 	touches, lateWrites, staleTakeovers, badRecordsPurged            atomic.Uint64
-	badRecordsWatched, eventsDecoded, eventsBad                      atomic.Uint64
+	badRecordsWatched, eventsDecoded, eventsBad, invalidatedRecords  atomic.Uint64
+	payloadsSwept                                                    atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -44,6 +45,13 @@ type Stats struct {
 	// from the stream (WithEvents): decoded, and skipped because they did
 	// not decode. docs/metrics.md has them by kind and by reason.
 	EventsDecoded, EventsBad uint64
+	// InvalidatedRecords counts committed records this process refused
+	// because an invalidation of their model and epoch came after their
+	// reservation (docs/protocol.md 4.4), and purged.
+	InvalidatedRecords uint64
+	// PayloadsSwept counts shm files this process removed because no
+	// committed record named them (WithPayloadSweep).
+	PayloadsSwept uint64
 	// StoreReachable is true while the bucket is open and the NATS
 	// connection is up. A server gone without closing the connection
 	// (a partition) shows here only once the client's pings fail, minutes
@@ -64,6 +72,7 @@ func (c *Cache) Stats() Stats {
 		LateWrites: c.stats.lateWrites.Load(), StaleTakeovers: c.stats.staleTakeovers.Load(),
 		BadRecordsPurged: c.stats.badRecordsPurged.Load(), BadRecordsWatched: c.stats.badRecordsWatched.Load(),
 		EventsDecoded: c.stats.eventsDecoded.Load(), EventsBad: c.stats.eventsBad.Load(),
+		InvalidatedRecords: c.stats.invalidatedRecords.Load(), PayloadsSwept: c.stats.payloadsSwept.Load(),
 		StoreReachable: c.storeReachable(),
 		Local:          c.local.Stats(),
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -88,6 +89,42 @@ func (s *leaseStore) purge(ctx context.Context, key string, rev uint64) error {
 		return fmt.Errorf("%w: %s is past revision %d", ErrLeaseLost, key, rev)
 	}
 	return err
+}
+
+// purgeFor is purge with why in the purge's body, {"cause": "<cause>"}
+// (docs/protocol.md 3): the reconciler announces the eviction with that
+// cause, and a purge without one (a marker, a plain purge) as expired.
+func (s *leaseStore) purgeFor(ctx context.Context, key string, rev uint64, cause events.Cause) error {
+	msg := nats.NewMsg("$KV." + s.bucket + "." + key)
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	msg.Data = []byte(`{"cause":"` + cause.String() + `"}`)
+	var opts []jetstream.PublishOpt
+	if s.markerTTL > 0 {
+		opts = append(opts, jetstream.WithMsgTTL(s.markerTTL))
+	}
+	_, err := s.js.PublishMsg(ctx, msg, opts...)
+	if err != nil && isConflict(err) {
+		return fmt.Errorf("%w: %s is past revision %d", ErrLeaseLost, key, rev)
+	}
+	return err
+}
+
+// purgeCause reads the cause a purge's body names; anything else (an
+// expiry marker, a purge without a body) is expired.
+func purgeCause(body []byte) events.Cause {
+	var b struct {
+		Cause string `json:"cause"`
+	}
+	if json.Unmarshal(body, &b) == nil {
+		for _, c := range []events.Cause{events.CauseInvalidated, events.CauseCorrupt, events.CauseExplicit} {
+			if b.Cause == c.String() {
+				return c
+			}
+		}
+	}
+	return events.CauseExpired
 }
 
 // current is what a read found: no live record (rev may still be a

@@ -17,7 +17,7 @@ import (
 type watchHub struct {
 	mu      sync.Mutex
 	waiters map[string]map[chan *current]struct{} // by KV key; guarded by mu
-	onBad   func(error)                           // called with each record that does not decode
+	hooks   watchHooks
 	cancel  context.CancelFunc
 	stop    func() error
 	quit    chan struct{}
@@ -27,9 +27,8 @@ type watchHub struct {
 // startWatchHub starts the watcher: of the whole bucket, or of one
 // tenant's keys (filter "<tenant>.>"), which needs only that tenant's
 // permissions. Its subscription lives as long as the context it is created
-// with, so it gets one of its own, ended by close. onBad is called (on the
-// hub's goroutine) with the error of each record that does not decode.
-func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, onBad func(error)) (*watchHub, error) {
+// with, so it gets one of its own, ended by close.
+func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks watchHooks) (*watchHub, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var w jetstream.KeyWatcher
 	var err error
@@ -42,7 +41,7 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, onBad fu
 		cancel()
 		return nil, err
 	}
-	h := &watchHub{waiters: make(map[string]map[chan *current]struct{}), onBad: onBad,
+	h := &watchHub{waiters: make(map[string]map[chan *current]struct{}), hooks: hooks,
 		cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
 	// Stopping a watcher deletes its consumer: a request that waits out a
 	// timeout while the server is away. Then the connection's owner
@@ -62,7 +61,9 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, onBad fu
 					return
 				}
 				if e != nil {
-					h.wake(e.Key(), h.state(e))
+					st := h.state(e)
+					h.hooks.changed(e.Key(), st)
+					h.wake(e.Key(), st)
 				}
 			case <-h.quit:
 				return
@@ -80,7 +81,7 @@ func (h *watchHub) state(e jetstream.KeyValueEntry) *current {
 	}
 	rec, err := DecodeRecord(e.Value())
 	if err != nil {
-		h.onBad(err)
+		h.hooks.bad(err)
 		return nil
 	}
 	return &current{rev: e.Revision(), live: true, record: rec}
@@ -133,13 +134,19 @@ func (h *watchHub) close() {
 	<-h.done
 }
 
+// watchHooks are called on a hub's goroutine, for every change it sees.
+type watchHooks struct {
+	bad     func(error)                   // a record that does not decode
+	changed func(key string, st *current) // the key's new state; nil: no usable record (deleted, purged, expired, bad)
+}
+
 // watchSet is the watchers of a Cache: one for the whole bucket, or one
 // per served tenant.
 type watchSet struct {
 	hubs map[string]*watchHub // by tenant; "" is the whole bucket
 }
 
-func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, onBad func(error)) (*watchSet, error) {
+func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, hooks watchHooks) (*watchSet, error) {
 	ws := &watchSet{hubs: map[string]*watchHub{}}
 	if len(tenants) == 0 {
 		tenants = []string{""}
@@ -149,7 +156,7 @@ func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, onBad
 		if t != "" {
 			filter = t + ".>"
 		}
-		h, err := startWatchHub(nc, kv, filter, onBad)
+		h, err := startWatchHub(nc, kv, filter, hooks)
 		if err != nil {
 			ws.close()
 			return nil, err

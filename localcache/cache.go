@@ -23,6 +23,7 @@ type Cache[K comparable, V Value] struct {
 	clone      func(V) V
 	checksum   func(V) uint64
 	onMutation func(K)
+	expiry     func(K, V) (time.Time, bool)
 
 	mu sync.Mutex
 	// lru holds every entry in the index, pinned or not, in recency order.
@@ -44,6 +45,7 @@ type entry[V Value] struct {
 	value   V
 	size    int64
 	expires time.Time
+	fixed   bool // expires is the value's own (WithExpiry): hits do not extend it
 	pins    int
 	// detached: removed from the index while pinned (invalidated or
 	// expired); it is dropped, with this cause, on its final release.
@@ -87,6 +89,11 @@ func New[K comparable, V Value](opts ...Option) (*Cache[K, V], error) {
 		}
 		if c.onMutation, ok = c.s.onMutation.(func(K)); !ok {
 			return nil, fmt.Errorf("%w: mutation callback is %T, want func(%T)", ErrInvalidOption, c.s.onMutation, *new(K))
+		}
+	}
+	if c.s.expiry != nil {
+		if c.expiry, ok = c.s.expiry.(func(K, V) (time.Time, bool)); !ok {
+			return nil, fmt.Errorf("%w: expiry is %T, want func(%T, %T) (time.Time, bool)", ErrInvalidOption, c.s.expiry, *new(K), *new(V))
 		}
 	}
 	lru, err := simplelru.NewLRU[K, *entry[V]](math.MaxInt32, nil)
@@ -208,17 +215,57 @@ func (c *Cache[K, V]) Release(req string) int {
 
 // Remove drops key now (cause explicit); if pinned, it leaves the index now
 // and is dropped on its final release. It reports whether key was present.
-func (c *Cache[K, V]) Remove(key K) bool {
-	return c.Invalidate(func(k K, _ V) bool { return k == key }, CauseExplicit) > 0
+func (c *Cache[K, V]) Remove(key K) bool { return c.Evict(key, CauseExplicit) }
+
+// Evict is Invalidate for one key, with the given cause: the entry leaves
+// the index now (expired or not; if pinned, it is dropped on its final
+// release), and a compute running for key keeps its value out. It reports
+// whether key had an entry.
+func (c *Cache[K, V]) Evict(key K, cause Cause) bool {
+	c.mu.Lock()
+	if f := c.flights[key]; f != nil {
+		f.discard = cause
+	}
+	e, ok := c.lru.Peek(key)
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	var evicted []eviction[K, V]
+	c.detachLocked(key, e, cause, &evicted)
+	c.unlockAndReport(evicted)
+	return true
+}
+
+// detachLocked takes e out of the index: dropped now if unpinned
+// (appended to evicted), else when its holders release it.
+func (c *Cache[K, V]) detachLocked(key K, e *entry[V], cause Cause, evicted *[]eviction[K, V]) {
+	c.lru.Remove(key)
+	if e.pins > 0 {
+		c.pinned--
+		e.detached = cause
+		return
+	}
+	c.bytes -= e.size
+	*evicted = append(*evicted, eviction[K, V]{key, e.value, cause})
 }
 
 // Invalidate drops every entry for which match returns true, with the given
-// cause (CauseInvalidated for a weight update or a store eviction). Pinned
-// matches leave the index at once, so no new request gets them, and are
-// dropped when their holders release them. It returns how many matched.
-// match runs under the cache's lock: keep it cheap and do not call the cache.
+// cause (CauseInvalidated for a weight update, CauseStore for a store
+// eviction). Pinned matches leave the index at once, so no new request gets
+// them, and are dropped when their holders release them. A compute running
+// for a key that matches (match is called with the zero V) still answers
+// its waiters, but its value never enters the index: it was read before the
+// invalidation. It returns how many entries matched. match runs under the
+// cache's lock: keep it cheap and do not call the cache.
 func (c *Cache[K, V]) Invalidate(match func(K, V) bool, cause Cause) int {
 	c.mu.Lock()
+	var zero V
+	for k, f := range c.flights {
+		if match(k, zero) {
+			f.discard = cause
+		}
+	}
 	var evicted []eviction[K, V]
 	n := 0
 	for _, k := range c.lru.Keys() {
@@ -227,14 +274,7 @@ func (c *Cache[K, V]) Invalidate(match func(K, V) bool, cause Cause) int {
 			continue
 		}
 		n++
-		c.lru.Remove(k)
-		if e.pins > 0 {
-			c.pinned--
-			e.detached = cause
-			continue
-		}
-		c.bytes -= e.size
-		evicted = append(evicted, eviction[K, V]{k, e.value, cause})
+		c.detachLocked(k, e, cause, &evicted)
 	}
 	c.unlockAndReport(evicted)
 	return n
@@ -292,7 +332,9 @@ func (c *Cache[K, V]) lookupLocked(key K) (*entry[V], []eviction[K, V]) {
 		c.bytes -= e.size
 		return nil, []eviction[K, V]{{key, e.value, CauseTTL}}
 	}
-	e.expires = now.Add(c.s.ttl)
+	if !e.fixed {
+		e.expires = now.Add(c.s.ttl)
+	}
 	return e, nil
 }
 
@@ -301,11 +343,23 @@ func (c *Cache[K, V]) expiredLocked(e *entry[V]) bool {
 }
 
 func (c *Cache[K, V]) insertLocked(key K, value V, size int64) *entry[V] {
+	e := c.newEntryLocked(key, value, size)
+	c.lru.Add(key, e)
+	return e
+}
+
+// newEntryLocked makes key's entry and counts its bytes, without putting
+// it in the index.
+func (c *Cache[K, V]) newEntryLocked(key K, value V, size int64) *entry[V] {
 	e := &entry[V]{key: key, value: value, size: size, expires: c.s.clock.Now().Add(c.s.ttl)}
+	if c.expiry != nil {
+		if t, ok := c.expiry(key, value); ok {
+			e.expires, e.fixed = t, true
+		}
+	}
 	if c.checksum != nil {
 		e.sum = c.checksum(value)
 	}
-	c.lru.Add(key, e)
 	c.bytes += size
 	return e
 }

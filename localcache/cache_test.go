@@ -321,3 +321,69 @@ func TestOptionsValidated(t *testing.T) {
 		t.Fatal("empty request id accepted")
 	}
 }
+
+// An entry with its own expiry (WithExpiry) keeps it: hits do not extend
+// it, Touch does; others slide as before.
+func TestFixedExpiry(t *testing.T) {
+	var base time.Time
+	c, clock, log := newTestCache(t, WithExpiry(func(k string, _ blob) (time.Time, bool) {
+		return base.Add(10 * time.Second), k != "sliding"
+	}))
+	base = clock.Now()
+	mustPut(t, c, "", "fixed", blob("f"))
+	mustPut(t, c, "", "touched", blob("t"))
+	mustPut(t, c, "", "sliding", blob("s"))
+	for range 3 { // hits every 5 s: the sliding one lives on, the fixed ones do not
+		clock.Advance(5 * time.Second)
+		for _, k := range []string{"fixed", "touched", "sliding"} {
+			c.Get("r", k)
+		}
+		c.Release("r")
+		if k := "touched"; c.Contains(k) {
+			c.Touch(k, clock.Now().Add(10*time.Second))
+		}
+	}
+	if c.Contains("fixed") || log.cause("fixed") != CauseTTL {
+		t.Fatalf("a hit extended a fixed expiry (%v)", log.cause("fixed"))
+	}
+	if !c.Contains("touched") || !c.Contains("sliding") {
+		t.Fatal("Touch or a hit did not extend")
+	}
+}
+
+// A compute that an Invalidate overtakes answers its waiters but stays
+// out of the index, and goes with its waiters' release.
+func TestInvalidateOvertakesCompute(t *testing.T) {
+	c, _, log := newTestCache(t)
+	started, finish := make(chan struct{}), make(chan struct{})
+	got := make(chan blob, 1)
+	go func() {
+		v, err := c.GetOrCompute(context.Background(), "r", "k", func(context.Context) (blob, error) {
+			close(started)
+			<-finish
+			return blob("old"), nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- v
+	}()
+	<-started
+	if n := c.Invalidate(func(k string, _ blob) bool { return k == "k" }, CauseStore); n != 0 {
+		t.Fatalf("%d entries matched; the key was only computing", n)
+	}
+	close(finish)
+	if v := <-got; string(v) != "old" {
+		t.Fatalf("the waiter got %q", v)
+	}
+	if c.Contains("k") {
+		t.Fatal("a value read before the invalidation entered the cache")
+	}
+	if log.cause("k") != 0 {
+		t.Fatal("dropped while its waiter holds it")
+	}
+	c.Release("r")
+	if log.cause("k") != CauseStore || c.Stats().Bytes != 0 {
+		t.Fatalf("cause %v, stats %+v", log.cause("k"), c.Stats())
+	}
+}

@@ -15,10 +15,13 @@ const (
 	CauseInvalidated
 	// CauseExplicit: removed by Remove.
 	CauseExplicit
+	// CauseStore: the store's copy is gone (its record expired, or was
+	// removed for a reason other than an invalidation).
+	CauseStore
 	numCauses
 )
 
-// String returns "size", "ttl", "invalidated" or "explicit".
+// String returns "size", "ttl", "invalidated", "explicit" or "store".
 func (c Cause) String() string {
 	switch c {
 	case CauseSize:
@@ -29,6 +32,8 @@ func (c Cause) String() string {
 		return "invalidated"
 	case CauseExplicit:
 		return "explicit"
+	case CauseStore:
+		return "store"
 	}
 	return fmt.Sprintf("Cause(%d)", uint8(c))
 }

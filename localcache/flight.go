@@ -16,6 +16,7 @@ type flight[V Value] struct {
 	cancel  context.CancelFunc
 	done    chan struct{}  // closed when value, err and finished are set
 	waiters map[string]int // requests still waiting, with their pin counts; guarded by Cache.mu
+	discard Cause          // set by an Invalidate while it ran: its value stays out of the index; guarded by Cache.mu
 	value   V
 	err     error
 }
@@ -126,9 +127,22 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 	c.mu.Lock()
 	delete(c.flights, key)
 	var evicted []eviction[K, V]
-	if err != nil {
+	switch {
+	case err != nil:
 		c.stats.ComputeErrors++
-	} else {
+	case f.discard != 0:
+		// Invalidated while it ran: the waiters hold it, detached, and it
+		// goes with their last release (now, if none is left).
+		e := c.newEntryLocked(key, v, size)
+		e.detached = f.discard
+		for req, n := range f.waiters {
+			c.pinLocked(req, e, n)
+		}
+		if e.pins == 0 {
+			c.bytes -= size
+			evicted = append(evicted, eviction[K, V]{key, v, f.discard})
+		}
+	default:
 		var e *entry[V]
 		e, evicted = c.lookupLocked(key)
 		if e == nil {

@@ -27,6 +27,7 @@ type settings struct {
 	clone          any // func(V) V
 	checksum       any // func(V) uint64
 	onMutation     any // func(K)
+	expiry         any // func(K, V) (time.Time, bool)
 }
 
 // Defaults: the RFC's sizing (256 entries of 8 MB) and compute timeout (30 s).
@@ -67,6 +68,21 @@ func WithTTL(d time.Duration) Option {
 			return fmt.Errorf("%w: ttl must be > 0, got %v", ErrInvalidOption, d)
 		}
 		s.ttl = d
+		return nil
+	}
+}
+
+// WithExpiry gives entries a fixed expiry: when a value is inserted,
+// expiry(key, value) returns when it must go (true), or false for the
+// sliding TTL. An entry with a fixed expiry is not extended by hits, only
+// by Touch. expiry runs under the cache's lock: keep it cheap and do not
+// call the cache.
+func WithExpiry[K comparable, V Value](expiry func(K, V) (time.Time, bool)) Option {
+	return func(s *settings) error {
+		if expiry == nil {
+			return fmt.Errorf("%w: nil expiry", ErrInvalidOption)
+		}
+		s.expiry = expiry
 		return nil
 	}
 }

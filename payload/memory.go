@@ -38,7 +38,11 @@ func (m *MemoryStore) Put(_ context.Context, obj ObjectID, v *Value) (Location, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if old, ok := m.objects[obj]; ok {
-		return m.location(obj, len(old.Data), old.Checksum), nil
+		if old.Checksum == sum {
+			return m.location(obj, len(old.Data), old.Checksum), nil
+		}
+		m.bytes -= int64(len(old.Data)) // other bytes: replaced (Transport)
+		delete(m.objects, obj)
 	}
 	if m.maxBytes > 0 && m.bytes+int64(len(enc)) > m.maxBytes {
 		return Location{}, fmt.Errorf("%w: %d bytes held, %d more exceed %d", ErrNoSpace, m.bytes, len(enc), m.maxBytes)
@@ -84,7 +88,7 @@ func (m *MemoryStore) Delete(_ context.Context, loc Location) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if b, ok := m.objects[obj]; ok {
+	if b, ok := m.objects[obj]; ok && b.Checksum == loc.Checksum {
 		m.bytes -= int64(len(b.Data))
 		delete(m.objects, obj)
 	}

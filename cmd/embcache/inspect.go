@@ -287,11 +287,14 @@ func newInvalidate() *cobra.Command {
 	var cf connFlags
 	var tenant, model string
 	var epoch uint64
+	var storeTTL time.Duration
 	cmd := &cobra.Command{
 		Use:   "invalidate --tenant T --model M --epoch E",
 		Short: "Declare every value of a tenant, model and weight epoch stale",
-		Long: "invalidate publishes an invalidated event: workers drop their copies, and the reconciler\n" +
-			"removes the records and payloads. Use it after updating a model's weights in place.",
+		Long: "invalidate writes the invalidation's tombstone to the lease bucket (from then on no process\n" +
+			"serves a value of that model and epoch computed before it, reconciler or not), then publishes\n" +
+			"the invalidated event: workers drop their copies, and the reconciler removes the records and\n" +
+			"payloads. Use it after updating a model's weights in place (docs/protocol.md 4.4).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cachekey.ValidateTenant(tenant); err != nil {
@@ -300,21 +303,16 @@ func newInvalidate() *cobra.Command {
 			if model == "" || !cmd.Flags().Changed("epoch") {
 				return usagef("--model and --epoch are required")
 			}
-			nc, js, err := cf.connect()
+			nc, _, err := cf.connect()
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			if _, err := events.EnsureStream(ctx, js, 1); err != nil {
-				return err
-			}
-			pub := events.NewPublisher(js, 1, 1, newLogger(cmd.ErrOrStderr(), false))
-			defer pub.Close(ctx)
-			e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant, Model: model, Epoch: epoch,
-				Key: events.InvalidationKey(model, epoch), Node: hostname(), Time: time.Now()}
-			if err := pub.PublishSync(ctx, e); err != nil {
+			err = coordinator.Invalidate(ctx, nc, tenant, model, epoch, coordinator.WithStoreTTL(storeTTL),
+				coordinator.WithNode(hostname()), coordinator.WithLogger(newLogger(cmd.ErrOrStderr(), false)))
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "invalidated tenant %s model %s epoch %d\n", tenant, model, epoch)
@@ -325,5 +323,6 @@ func newInvalidate() *cobra.Command {
 	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant")
 	cmd.Flags().StringVar(&model, "model", "", "model id")
 	cmd.Flags().Uint64Var(&epoch, "epoch", 0, "weight epoch whose values are stale")
+	cmd.Flags().DurationVar(&storeTTL, "store-ttl", time.Hour, "the cluster's store TTL: the tombstone lives max(25h, 2 x this)")
 	return cmd
 }

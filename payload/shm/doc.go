@@ -4,8 +4,10 @@
 // holder that writes into a value faults instead of corrupting it.
 //
 // Writers write a temp file (space allocated first, so a full disk fails
-// before anything is written) and rename it into place without replacing:
-// the first writer wins and readers never see a partial file. Each file is
+// before anything is written) and rename it into place: without replacing
+// a file of the same bytes (the first writer wins), replacing one of other
+// bytes (the key's value from before an invalidation); readers never see a
+// partial file, and those that mapped a replaced file keep its bytes. Each file is
 // the value's encoding followed by its 32-byte checksum (the trailer). The
 // first Get of a file in a process maps it and hashes the encoding: it must
 // hash to the trailer, and the trailer must be the Location's checksum, so

@@ -142,8 +142,9 @@ func (s *Store) location(obj payload.ObjectID, size int64, sum payload.Checksum)
 		Object: obj.String(), Size: size, Checksum: sum}
 }
 
-// Put writes v under obj. An object already present is left as it is and
-// Put succeeds (first writer wins). Over the budget, or when tmpfs is full,
+// Put writes v under obj. An object already present with v's bytes is left
+// as it is; one with other bytes is replaced (payload.Transport). Over the
+// budget, or when tmpfs is full,
 // the error wraps payload.ErrNoSpace and nothing is left behind.
 func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
@@ -154,12 +155,6 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 		return payload.Location{}, err
 	}
 	final := s.path(obj)
-	// Present already: describe the file that is there (its trailer holds
-	// its checksum), without hashing v. The bytes on disk are what readers
-	// get, even if this writer's compute differed in the last bit.
-	if size, sum, ok := existing(final); ok {
-		return s.location(obj, size, sum), nil
-	}
 	data := v.Tensor.Data
 	size := int64(len(header) + len(data))
 	hasher := blake3.New()
@@ -167,10 +162,17 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	hasher.Write(data)
 	var sum payload.Checksum
 	hasher.Sum(sum[:0])
+	// Present already with these bytes: nothing to write. Present with
+	// other bytes (a value of the key from before an invalidation, which
+	// may not be served): replaced.
+	old, oldSum, present := existing(final)
+	if present && oldSum == sum && old == size {
+		return s.location(obj, size, sum), nil
+	}
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	written, err := s.write(final, size+int64(trailerSize), func(f *os.File) error {
+	written, err := s.write(final, size+int64(trailerSize), present, func(f *os.File) error {
 		for _, p := range [][]byte{header, data, sum[:]} {
 			if _, err := f.Write(p); err != nil {
 				return err
@@ -203,8 +205,8 @@ func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, w
 // bytes are hashed as they are written, in one pass, and the file is put
 // in place only if they hash to sum and decode; else the error wraps
 // payload.ErrCorrupt (a short r too) and nothing is left behind. An object
-// present already is left as it is and r is not read: the Location is
-// that file's, whose checksum may differ from sum (first writer wins).
+// present already with checksum sum is left as it is and r is not read;
+// one with other bytes is replaced.
 // Budget and tmpfs limits are as for Put.
 func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, sum payload.Checksum, r io.Reader) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
@@ -214,10 +216,11 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 		return payload.Location{}, fmt.Errorf("%w: %d bytes, shorter than a prelude", payload.ErrCorrupt, size)
 	}
 	final := s.path(obj)
-	if size, sum, ok := existing(final); ok {
+	old, oldSum, present := existing(final)
+	if present && oldSum == sum && old == size {
 		return s.location(obj, size, sum), nil
 	}
-	written, err := s.write(final, size+int64(trailerSize), func(f *os.File) error {
+	written, err := s.write(final, size+int64(trailerSize), present, func(f *os.File) error {
 		got, err := copyHashing(ctx, f, r, size)
 		if err != nil {
 			return err
@@ -321,8 +324,9 @@ func existing(path string) (int64, payload.Checksum, bool) {
 // write reserves fileSize bytes of the budget and puts in place at final
 // the file fill writes (into a temp file, preallocated). written is false
 // when nothing new stays on disk: an error, or another writer got there
-// first.
-func (s *Store) write(final string, fileSize int64, fill func(*os.File) error) (written bool, err error) {
+// first. With replace, the file takes the place of the one at final (which
+// has other bytes); without, a file that appeared meanwhile wins.
+func (s *Store) write(final string, fileSize int64, replace bool, fill func(*os.File) error) (written bool, err error) {
 	s.mu.Lock()
 	if s.used+fileSize > s.maxBytes {
 		used := s.used
@@ -372,6 +376,23 @@ func (s *Store) write(final string, fileSize int64, fill func(*os.File) error) (
 		return false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
+	if replace {
+		// Readers that mapped the old file keep its bytes (its inode).
+		var st unix.Stat_t
+		oldSize := int64(-1)
+		if unix.Stat(final, &st) == nil {
+			oldSize = st.Size
+		}
+		if err := os.Rename(tmp.Name(), final); err != nil {
+			return false, fmt.Errorf("shm: rename into place: %w", err)
+		}
+		if oldSize >= 0 {
+			s.mu.Lock()
+			s.used = max(0, s.used-oldSize)
+			s.mu.Unlock()
+		}
+		return true, nil
+	}
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
 		os.Remove(tmp.Name())
@@ -456,8 +477,9 @@ func (s *Store) open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, 
 	return payload.NewBlob(m[:size:size], sum, func() error { return unix.Munmap(m) }), nil
 }
 
-// Delete removes the object's file. Mappings of it stay valid until their
-// values are closed (the kernel keeps an unlinked file while it is mapped).
+// Delete removes the object's file if it is loc's (its trailer is loc's
+// checksum). Mappings of it stay valid until their values are closed (the
+// kernel keeps an unlinked file while it is mapped).
 func (s *Store) Delete(_ context.Context, loc payload.Location) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
@@ -470,6 +492,9 @@ func (s *Store) Delete(_ context.Context, loc payload.Location) error {
 	}
 	if err != nil {
 		return fmt.Errorf("shm: %w", err)
+	}
+	if _, sum, ok := existing(path); ok && sum != loc.Checksum {
+		return nil // another value of the key took its place: not loc's file
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("shm: %w", err)

@@ -545,3 +545,56 @@ func TestWritingIntoMappedValueFaults(t *testing.T) {
 		t.Fatal("the write reached the stored value")
 	}
 }
+
+// TestPutReplacesOtherBytes: a Put of the same bytes leaves the file; a
+// Put of other bytes under the same name (the key's value after an
+// invalidation) replaces it, while a reader of the old file keeps its
+// bytes; a Delete of the old Location leaves the new file alone.
+func TestPutReplacesOtherBytes(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(testDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldV, newV := testValue(1000), testValue(1000)
+	newV.Tensor.Data[0] ^= 1
+	oldLoc, err := s.Put(ctx, obj(12), oldV)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Put(ctx, obj(12), oldV); err != nil || again != oldLoc {
+		t.Fatalf("a Put of the same bytes: %+v %v", again, err)
+	}
+	held, err := s.Get(ctx, oldLoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	newLoc, err := s.Put(ctx, obj(12), newV)
+	if err != nil || newLoc.Checksum == oldLoc.Checksum {
+		t.Fatalf("a Put of other bytes: %+v %v", newLoc, err)
+	}
+	if !bytes.Equal(held.Tensor.Data, oldV.Tensor.Data) {
+		t.Fatal("a reader of the old file saw its bytes change")
+	}
+	if _, err := s.Get(ctx, oldLoc); !errors.Is(err, payload.ErrCorrupt) {
+		t.Fatalf("the old Location after the replacement: %v", err)
+	}
+	if err := s.Delete(ctx, oldLoc); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, newLoc)
+	if err != nil {
+		t.Fatalf("the old Location's Delete removed the new file: %v", err)
+	}
+	if !bytes.Equal(got.Tensor.Data, newV.Tensor.Data) {
+		t.Fatal("wrong bytes")
+	}
+	got.Close()
+	if err := s.Delete(ctx, newLoc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, newLoc); !errors.Is(err, payload.ErrNotFound) {
+		t.Fatalf("after its own Delete: %v", err)
+	}
+}

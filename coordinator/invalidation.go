@@ -1,0 +1,160 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// tombstoneKey is the KV key of the invalidation of a tenant's model and
+// epoch: <tenant>.inv.<invalidation key>. Its three tokens keep it apart
+// from every value's key (<tenant>.<keyhex>).
+func tombstoneKey(tenant, model string, epoch uint64) string {
+	return tenant + ".inv." + events.InvalidationKey(model, epoch).String()
+}
+
+// tombstoneTTL is how long a tombstone lives: longer than any record it
+// refuses, which expire within a store TTL once nothing extends them, and
+// at least as long as the event stream keeps the invalidated event.
+func tombstoneTTL(storeTTL time.Duration) time.Duration {
+	return max(events.MaxAge, 2*storeTTL)
+}
+
+// put writes r under key whatever is there, with a per-key TTL, and
+// returns the revision.
+func (s *leaseStore) put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	msg := &nats.Msg{Subject: "$KV." + s.bucket + "." + key, Data: r.encode()}
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// invalidatedRecord reports whether rec, a committed record of tenant, was
+// reserved before the latest invalidation of its model and epoch: the
+// tombstone's revision is later than the reservation's. The tombstone is
+// read from the stream leader, so an Invalidate that has returned is seen.
+func (c *Cache) invalidatedRecord(ctx context.Context, ls *leaseStore, tenant string, rec Record) (bool, error) {
+	if rec.Model == "" {
+		return false, nil // nothing can invalidate it
+	}
+	octx, cancel := c.opContext(ctx)
+	defer cancel()
+	tomb, err := ls.read(octx, tombstoneKey(tenant, rec.Model, rec.Epoch))
+	if errors.Is(err, ErrBadRecord) {
+		c.badRecord(err)
+		return true, nil // unreadable: it may be a newer version's tombstone
+	}
+	if err != nil {
+		return false, err
+	}
+	return tomb.live && tomb.record.State == StateInvalidated && rec.Reserved < tomb.rev, nil
+}
+
+// dropInvalidated removes a committed record that an invalidation made
+// stale (if nobody changed it meanwhile), so the key is computed again.
+func (c *Cache) dropInvalidated(ctx context.Context, ls *leaseStore, key string, cur current) {
+	c.stats.invalidatedRecords.Add(1)
+	octx, cancel := c.opContext(ctx)
+	defer cancel()
+	if err := ls.purgeFor(octx, key, cur.rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
+		c.s.logger.Warn("embcache: invalidated record not purged", "key", key, "err", err)
+	}
+}
+
+// recordExpiry is the local cache's WithExpiry: a value pulled or
+// committed expires with its record; any other (computed without the
+// store) slides.
+func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time, bool) {
+	t, ok := c.expiries.LoadAndDelete(obj)
+	if !ok {
+		return time.Time{}, false
+	}
+	return t.(time.Time), true
+}
+
+// recordChanged follows the bucket for the local copies: a record
+// extended extends its copy; a record gone (expired, purged, deleted)
+// takes its copy with it.
+func (c *Cache) recordChanged(key string, st *current) {
+	tenant, hexKey, ok := strings.Cut(key, ".")
+	k, err := cachekey.Parse(hexKey)
+	if !ok || err != nil {
+		return // not a value's key (a tombstone, the reconciler's)
+	}
+	obj := payload.ObjectID{Tenant: tenant, Key: k}
+	switch {
+	case st == nil:
+		c.local.Evict(obj, localcache.CauseStore)
+	case st.record.State == StateCommitted:
+		c.local.Touch(obj, st.record.Expires)
+	}
+}
+
+// Invalidate declares every value of tenant computed by model at weight
+// epoch stale. It writes the invalidation's tombstone first: from then on
+// no process serves a committed record of that model and epoch reserved
+// before it, with or without a reconciler (docs/protocol.md 4.4). Then it
+// publishes the invalidated event: every process drops its local copies
+// when it arrives, and the reconciler removes the records and payloads.
+// It uses the bucket and store TTL options (WithBucket, WithStoreTTL, the
+// tombstone's TTL is max(25 h, 2 x store TTL)) and WithNode; the bucket and
+// the event stream must exist.
+func Invalidate(ctx context.Context, nc *nats.Conn, tenant, model string, epoch uint64, opts ...Option) error {
+	s := defaults()
+	for _, opt := range opts {
+		if err := opt(&s); err != nil {
+			return err
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	kv, err := js.KeyValue(ctx, s.bucket)
+	if err != nil {
+		return fmt.Errorf("%w: bucket %s: %w", ErrStoreUnavailable, s.bucket, err)
+	}
+	if _, err := js.Stream(ctx, events.StreamName); err != nil {
+		return fmt.Errorf("%w: event stream: %w", ErrStoreUnavailable, err)
+	}
+	pub := events.NewPublisher(js, 1, 1, s.logger)
+	defer pub.Close(context.WithoutCancel(ctx))
+	ls := &leaseStore{nc: nc, js: js, kv: kv, bucket: s.bucket, markerTTL: s.markerTTL}
+	_, err = invalidate(ctx, ls, pub, s.node+"/invalidate", s.node, tenant, model, epoch, s.storeTTL)
+	return err
+}
+
+// invalidate writes the tombstone, then publishes the event, and returns
+// the event.
+func invalidate(ctx context.Context, ls *leaseStore, pub *events.Publisher, owner, node, tenant, model string,
+	epoch uint64, storeTTL time.Duration) (*events.Event, error) {
+	if err := cachekey.ValidateTenant(tenant); err != nil {
+		return nil, fmt.Errorf("coordinator: invalidate: %w", err)
+	}
+	if model == "" {
+		return nil, errors.New("coordinator: invalidate: no model")
+	}
+	now := time.Now()
+	tomb := Record{V: RecordVersion, State: StateInvalidated, Owner: owner, Started: now, Heartbeat: now,
+		Model: model, Epoch: epoch}
+	if _, err := ls.put(ctx, tombstoneKey(tenant, model, epoch), tomb, tombstoneTTL(storeTTL)); err != nil {
+		return nil, err
+	}
+	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,
+		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: node, Time: now}
+	if err := pub.PublishSync(ctx, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}

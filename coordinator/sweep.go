@@ -1,0 +1,73 @@
+package coordinator
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// payloadSweepEvery is the payload sweep's interval (WithPayloadSweep);
+// 0 when it is off.
+func (c *Cache) payloadSweepEvery() time.Duration {
+	switch d := c.s.payloadSweep; {
+	case d < 0:
+		return 0
+	case d > 0:
+		return d
+	}
+	return min(max(c.s.storeTTL/2, 30*time.Second), 10*time.Minute)
+}
+
+func (c *Cache) sweepLoop(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+			c.sweepPayloads(context.Background(), every)
+		}
+	}
+}
+
+// sweepPayloads removes the shm files older than minAge whose value no
+// committed record names: the record is gone (expired, invalidated,
+// purged) or names other bytes. A key being computed keeps its file (its
+// commit may be about to name it), and so does any file while the bucket
+// cannot be read. It returns how many files it removed. Every process of
+// a node may sweep the same directory: a removal is checked against the
+// file's checksum, so it never takes a file put in place since.
+func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
+	ls, _ := c.handles()
+	if ls == nil {
+		return 0
+	}
+	removed := 0
+	for f := range c.s.shm.Files() {
+		obj, _ := f.Location.ObjectID()
+		if time.Since(f.ModTime) < minAge || (len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, obj.Tenant)) {
+			continue
+		}
+		select {
+		case <-c.done:
+			return removed
+		default:
+		}
+		octx, cancel := c.opContext(ctx)
+		cur, err := ls.read(octx, obj.Tenant+"."+obj.Key.String())
+		cancel()
+		if err != nil || (cur.live && cur.record.State != StateCommitted) ||
+			(cur.live && cur.record.Checksum == f.Location.Checksum.String()) {
+			continue
+		}
+		octx, cancel = c.opContext(ctx)
+		err = c.s.shm.Delete(octx, f.Location)
+		cancel()
+		if err == nil {
+			removed++
+			c.stats.payloadsSwept.Add(1)
+		}
+	}
+	return removed
+}

@@ -1,0 +1,296 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/shm"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestInvalidationWithoutReconciler: no reconciler runs. Once Invalidate
+// returns, no process serves a record of the invalidated model and epoch:
+// local copies go with the event, and a process that reads the record
+// refuses it (the tombstone is later than its reservation), purges it and
+// computes again; the recomputed value is shared as usual. Other epochs are
+// untouched.
+func TestInvalidationWithoutReconciler(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	a, b := eventCache(t, url, store), eventCache(t, url, store)
+	ctx := context.Background()
+	var cnt counter
+	target, other := ref(1), ref(2)
+	other.Epoch = 2
+	for _, c := range []*Cache{a, b} {
+		for i, r := range []Ref{target, other} {
+			if _, err := c.GetOrCompute(ctx, "r", r, cnt.fn(i+1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Release("r")
+	}
+	if !b.local.Contains(target.Object()) || b.Stats().RemoteHits != 2 {
+		t.Fatalf("b did not pull: %+v", b.Stats())
+	}
+	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !b.local.Contains(target.Object()) })
+	if !b.local.Contains(other.Object()) {
+		t.Fatal("another epoch's copy was dropped")
+	}
+
+	// A process that only looks finds nothing; one that computes computes.
+	c := eventCache(t, url, store)
+	if _, _, err := c.Get(ctx, "g", target); !errors.Is(err, ErrNotCached) {
+		t.Fatalf("Get of an invalidated value: %v", err)
+	}
+	// The new weights give the key other bytes (embedding 9).
+	d := eventCache(t, url, store)
+	v, path, err := d.GetOrComputePath(ctx, "r", target, cnt.fn(9))
+	if err != nil || path != PathComputed {
+		t.Fatalf("after the invalidation: path %v, %v", path, err)
+	}
+	sameValue(t, v, 9)
+	if _, path, err := d.GetOrComputePath(ctx, "r", other, cnt.fn(2)); err != nil || path != PathRemoteHit {
+		t.Fatalf("another epoch: path %v, %v", path, err)
+	}
+	if s := c.Stats().InvalidatedRecords + d.Stats().InvalidatedRecords; s == 0 {
+		t.Fatal("no invalidated record counted")
+	}
+	// The value computed after the invalidation is shared again.
+	e := eventCache(t, url, store)
+	v, path, err = e.GetOrComputePath(ctx, "r", target, cnt.fn(1))
+	if err != nil || path != PathRemoteHit {
+		t.Fatalf("the recomputed value: path %v, %v", path, err)
+	}
+	sameValue(t, v, 9) // not the old bytes, though they were written under the same name
+	if n := cnt.n[1].Load(); n != 1 {
+		t.Fatalf("%d computes with the old weights, want 1", n)
+	}
+}
+
+// TestLocalCopyEndsWithItsRecord: a local copy expires with its record,
+// whatever the local TTL (an hour here): with no reconciler the record is
+// never extended, local hits do not extend the copy, and every copy is
+// gone when the server has expired the record.
+func TestLocalCopyEndsWithItsRecord(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	const storeTTL = 2 * time.Second
+	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	ctx := context.Background()
+	var cnt counter
+	for _, c := range []*Cache{a, b} {
+		if _, err := c.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+			t.Fatal(err)
+		}
+		c.Release("r")
+	}
+	expires := readRecord(t, a, ref(1)).record.Expires
+	// b hits its copy as long as it has one: the hits do not extend it.
+	waitFor(t, func() bool {
+		if !b.local.Contains(ref(1).Object()) {
+			return true
+		}
+		b.localHit("hit", ref(1))
+		b.Release("hit")
+		return false
+	})
+	if gone := time.Now(); gone.Before(expires) {
+		t.Fatalf("the copy went at %v, before its record's expiry %v", gone, expires)
+	}
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live })
+	for _, c := range []*Cache{a, b} {
+		if c.local.Contains(ref(1).Object()) {
+			t.Fatal("a copy outlived its record")
+		}
+		// Out of the index too (not only expired) once the watcher has
+		// seen the record go.
+		waitFor(t, func() bool {
+			s := c.Stats().Local
+			return s.Entries == 0 && s.Evicted(localcache.CauseTTL)+s.Evicted(localcache.CauseStore) == 1
+		})
+	}
+}
+
+// TestTouchedCopyFollowsItsRecord: with a reconciler, a value hit on one
+// process keeps its record alive (each touch's TTL rounded up, so the
+// record lives at least until its expires), and the copy on another
+// process that does not use it lives as long as the record, then goes.
+func TestTouchedCopyFollowsItsRecord(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	const storeTTL = 2 * time.Second
+	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	ctx := context.Background()
+	var cnt counter
+	for _, c := range []*Cache{a, b} {
+		if _, err := c.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+			t.Fatal(err)
+		}
+		c.Release("r")
+	}
+	first := readRecord(t, a, ref(1)).record.Expires
+	// a keeps using it until the record has been extended past its first
+	// expiry, and past that expiry b's copy is still there.
+	waitFor(t, func() bool {
+		if _, err := a.GetOrCompute(ctx, "hit", ref(1), cnt.fn(1)); err != nil {
+			t.Fatal(err)
+		}
+		a.Release("hit")
+		return time.Now().After(first.Add(200 * time.Millisecond))
+	})
+	cur := readRecord(t, a, ref(1))
+	if !cur.live || !cur.record.Expires.After(first) || rec.Stats().Touches == 0 {
+		t.Fatalf("record not extended: %+v, reconciler %+v", cur, rec.Stats())
+	}
+	if end := cur.stamp.Add(cur.ttl); end.Before(cur.record.Expires) {
+		t.Fatalf("the record's TTL ends at %v, before its expires %v", end, cur.record.Expires)
+	}
+	if !b.local.Contains(ref(1).Object()) {
+		t.Fatal("b's copy went while its record lived")
+	}
+	// Unused, the record goes, and b's copy with it.
+	waitFor(t, func() bool { return !b.local.Contains(ref(1).Object()) })
+	if cnt.n[1].Load() != 1 {
+		t.Fatalf("%d computes", cnt.n[1].Load())
+	}
+}
+
+// TestOneEvictedPerEviction: each value that leaves the store is announced
+// once, with the true cause: invalidated (the reconciler's purge), corrupt
+// (a reader found its payload gone and purged the record), expired (its
+// TTL ran out).
+func TestOneEvictedPerEviction(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	const storeTTL = 2 * time.Second
+	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	ctx := context.Background()
+
+	type seen struct {
+		key   int
+		cause events.Cause
+	}
+	var mu sync.Mutex
+	counts := map[seen]int{}
+	keys := map[payload.ObjectID]int{ref(1).Object(): 1, ref(2).Object(): 2, ref(3).Object(): 3}
+	js, _ := jetstream.New(connect(t, url))
+	sub, err := events.Subscribe(ctx, js, events.SubscribeOptions{Kinds: []events.Kind{events.KindEvicted}, New: true},
+		func(e events.Event) {
+			mu.Lock()
+			counts[seen{keys[payload.ObjectID{Tenant: e.Tenant, Key: e.Key}], e.Cause}]++
+			mu.Unlock()
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	count := func(key int, cause events.Cause) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return counts[seen{key, cause}]
+	}
+
+	var cnt counter
+	stale := ref(1)
+	stale.Epoch = 7
+	for _, r := range []Ref{stale, ref(2), ref(3)} {
+		if _, err := a.GetOrCompute(ctx, "r", r, cnt.fn(int(r.Key[0]))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Release("r")
+	if err := a.Invalidate(ctx, "acme", "m", 7); err != nil {
+		t.Fatal(err)
+	}
+	// Announced: the reconciler has read every event before the
+	// invalidation, so it knows ref(2) (it takes events in order).
+	waitFor(t, func() bool { return count(1, events.CauseInvalidated) > 0 })
+	// ref(2)'s payload goes missing: the next reader purges its record.
+	if err := store.Delete(ctx, *readRecord(t, a, ref(2)).record.Location); err != nil {
+		t.Fatal(err)
+	}
+	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
+	if _, path, err := b.GetOrComputePath(ctx, "r", ref(2), cnt.fn(2)); err != nil || path != PathComputed {
+		t.Fatalf("ref(2): %v %v", path, err)
+	}
+	// ref(3) expires unused; by the time its eviction is announced, every
+	// announcement of the others has been made (one reconciler, in order).
+	waitFor(t, func() bool { return count(3, events.CauseExpired) > 0 })
+	want := map[seen]int{{1, events.CauseInvalidated}: 1, {2, events.CauseCorrupt}: 1, {3, events.CauseExpired}: 1}
+	mu.Lock()
+	defer mu.Unlock()
+	for s, n := range counts {
+		if s.key == 2 && s.cause == events.CauseExpired {
+			continue // the recomputed value may have expired too
+		}
+		if want[s] != n {
+			t.Errorf("key %d, cause %v: %d evicted events, want %d", s.key, s.cause, n, want[s])
+		}
+	}
+	for s, n := range want {
+		if counts[s] != n {
+			t.Errorf("key %d, cause %v: %d evicted events, want %d", s.key, s.cause, counts[s], n)
+		}
+	}
+}
+
+// TestSweepRemovesOrphanPayloads: with no reconciler, a payload file whose
+// record expired is removed by the node's own sweep (even when its epoch
+// was invalidated since, which takes it out of every event's view); a
+// file whose record lives stays.
+func TestSweepRemovesOrphanPayloads(t *testing.T) {
+	srv := startServer(t)
+	url := srv.ClientURL()
+	ctx := context.Background()
+	store, err := shm.Open(filepath.Join(t.TempDir(), "shm"), shm.WithNode("test-node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shmOpts := []Option{WithTransport(payload.TransportShm, store), WithShm(store)}
+	var cnt counter
+	// The short-lived value, and one that outlives the test.
+	short := eventCache(t, url, store, append(shmOpts, WithStoreTTL(time.Second), WithPayloadSweep(-1))...)
+	long := eventCache(t, url, store, append(shmOpts, WithStoreTTL(time.Hour), WithPayloadSweep(-1))...)
+	if _, err := short.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := long.GetOrCompute(ctx, "r", ref(2), cnt.fn(2)); err != nil {
+		t.Fatal(err)
+	}
+	short.Release("r")
+	long.Release("r")
+	waitFor(t, func() bool { return !readRecord(t, short, ref(1)).live })
+	if err := short.Invalidate(ctx, "acme", "m", 1); err != nil { // both are epoch 1: ref(2)'s record stays, refused
+		t.Fatal(err)
+	}
+	sweeper := eventCache(t, url, store, append(shmOpts, WithPayloadSweep(100*time.Millisecond))...)
+	waitFor(t, func() bool { return sweeper.Stats().PayloadsSwept == 1 })
+	if _, err := os.Stat(store.Path(ref(1).Object())); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the expired value's file: %v", err)
+	}
+	if _, err := os.Stat(store.Path(ref(2).Object())); err != nil {
+		t.Fatalf("a live record's file went: %v", err)
+	}
+}
