@@ -376,7 +376,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				}
 				if stale {
 					v.Close()
-					c.dropInvalidated(ctx, ls, key, cur)
+					c.dropInvalidated(ctx, ls, ref, cur)
 					continue
 				}
 				if waited {

@@ -20,6 +20,9 @@ type eventLink struct {
 
 	mu   sync.Mutex
 	meta map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
+
+	stop    chan struct{} // closed by close: ends flushTouches
+	flushed chan struct{} // closed when flushTouches has returned
 }
 
 // valueMeta is what a touched event needs about a local value.
@@ -27,7 +30,8 @@ type valueMeta struct {
 	loc       payload.Location
 	model     string
 	epoch     uint64
-	lastTouch time.Time
+	lastTouch time.Time // when the last touched event was sent
+	lastUse   time.Time // the last hit; after lastTouch: a touch is owed
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
@@ -39,7 +43,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		interval = min(c.s.storeTTL/4, time.Minute)
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
-		meta: make(map[payload.ObjectID]*valueMeta)}
+		meta: make(map[payload.ObjectID]*valueMeta), stop: make(chan struct{}), flushed: make(chan struct{})}
 	opts := events.SubscribeOptions{
 		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated}, // touches are the reconciler's
 		New:    true,
@@ -65,6 +69,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		return err
 	}
 	l.sub = sub
+	go l.flushTouches()
 	c.mu.Lock()
 	c.events = l
 	c.mu.Unlock()
@@ -103,22 +108,70 @@ func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, 
 }
 
 // touched announces a hit, at most once per key per interval: the
-// reconciler extends the store TTL, the other workers their local TTL.
+// reconciler extends the store TTL. A hit inside the interval is owed a
+// touch, which flushTouches sends at the interval's end with that hit's
+// expiry: an unused value goes one store TTL after its last use, not
+// after its last touch.
 func (l *eventLink) touched(obj payload.ObjectID) {
 	now := time.Now()
 	l.mu.Lock()
 	m := l.meta[obj]
-	if m == nil || now.Sub(m.lastTouch) < l.interval {
+	if m == nil {
+		l.mu.Unlock()
+		return
+	}
+	m.lastUse = now
+	if now.Sub(m.lastTouch) < l.interval {
 		l.mu.Unlock()
 		return
 	}
 	m.lastTouch = now
-	loc, model, epoch := m.loc, m.model, m.epoch
+	e := l.touch(obj, m, now)
 	l.mu.Unlock()
-	e := l.event(events.KindTouched, Ref{Tenant: obj.Tenant, Key: obj.Key, Model: model, Epoch: epoch})
-	e.Location, e.Expires = &loc, now.Add(l.c.s.storeTTL)
+	l.publishTouch(e)
+}
+
+// touch is the touched event of obj's use at used. Call with mu held.
+func (l *eventLink) touch(obj payload.ObjectID, m *valueMeta, used time.Time) *events.Event {
+	e := l.event(events.KindTouched, Ref{Tenant: obj.Tenant, Key: obj.Key, Model: m.model, Epoch: m.epoch})
+	loc := m.loc
+	e.Location, e.Expires = &loc, used.Add(l.c.s.storeTTL)
+	return e
+}
+
+func (l *eventLink) publishTouch(e *events.Event) {
 	l.c.stats.touches.Add(1)
 	l.pub.Publish(e)
+}
+
+// flushTouches sends the touches owed: of values hit since their last
+// touched event, whose interval has passed. It looks four times per
+// interval, so a touch owed goes out at most a quarter interval late (the
+// interval is at most a quarter of the store TTL: the record still lives).
+func (l *eventLink) flushTouches() {
+	defer close(l.flushed)
+	t := time.NewTicker(max(l.interval/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var owed []*events.Event
+		l.mu.Lock()
+		for obj, m := range l.meta {
+			if m.lastUse.After(m.lastTouch) && now.Sub(m.lastTouch) >= l.interval {
+				m.lastTouch = now
+				owed = append(owed, l.touch(obj, m, m.lastUse))
+			}
+		}
+		l.mu.Unlock()
+		for _, e := range owed {
+			l.publishTouch(e)
+		}
+	}
 }
 
 func (l *eventLink) abandoned(ref Ref, cause error) {
@@ -172,6 +225,8 @@ func (l *eventLink) apply(e events.Event) {
 }
 
 func (l *eventLink) close(ctx context.Context) {
+	close(l.stop)
+	<-l.flushed
 	l.sub.Stop()
 	l.pub.Close(ctx)
 }

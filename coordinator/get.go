@@ -52,7 +52,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 		}
 		stale, err := c.invalidatedRecord(cctx, ls, ref.Tenant, cur.record)
 		if err == nil && stale {
-			c.dropInvalidated(cctx, ls, ref.KVKey(), cur)
+			c.dropInvalidated(cctx, ls, ref, cur)
 			err = errors.New("coordinator: the record was invalidated")
 		}
 		if err != nil {

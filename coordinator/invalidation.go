@@ -62,13 +62,18 @@ func (c *Cache) invalidatedRecord(ctx context.Context, ls *leaseStore, tenant st
 }
 
 // dropInvalidated removes a committed record that an invalidation made
-// stale (if nobody changed it meanwhile), so the key is computed again.
-func (c *Cache) dropInvalidated(ctx context.Context, ls *leaseStore, key string, cur current) {
+// stale (if nobody changed it meanwhile), so the key is computed again,
+// and forgets what its pull noted for the local cache.
+func (c *Cache) dropInvalidated(ctx context.Context, ls *leaseStore, ref Ref, cur current) {
 	c.stats.invalidatedRecords.Add(1)
+	c.expiries.Delete(ref.Object())
+	if l := c.eventLink(); l != nil {
+		l.forget(ref.Object())
+	}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	if err := ls.purgeFor(octx, key, cur.rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
-		c.s.logger.Warn("embcache: invalidated record not purged", "key", key, "err", err)
+	if err := ls.purgeFor(octx, ref.KVKey(), cur.rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
+		c.s.logger.Warn("embcache: invalidated record not purged", "key", ref.KVKey(), "err", err)
 	}
 }
 

@@ -294,3 +294,30 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 		t.Fatalf("a live record's file went: %v", err)
 	}
 }
+
+// TestUnusedValueGoesOneStoreTTLAfterItsLastUse: a hit inside the touch
+// interval is not dropped by the coalescing: its touch goes out at the
+// interval's end, so the record lives one store TTL past the last use.
+func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	const storeTTL = 2 * time.Second
+	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
+	waitFor(t, func() bool { return rec.Stats().Active })
+	a := eventCache(t, url, store, WithStoreTTL(storeTTL), WithEvents(500*time.Millisecond))
+	ctx := context.Background()
+	var cnt counter
+	if _, err := a.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil { // committed: counts as a touch
+		t.Fatal(err)
+	}
+	a.Release("r")
+	lastUse := time.Now()
+	if _, ok, err := a.localHit("hit", ref(1)); !ok || err != nil { // inside the interval: owed
+		t.Fatal(ok, err)
+	}
+	a.Release("hit")
+	waitFor(t, func() bool {
+		return !readRecord(t, a, ref(1)).record.Expires.Before(lastUse.Add(storeTTL))
+	})
+}

@@ -91,6 +91,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
@@ -174,9 +175,12 @@ func Open(cfg Config) (*Store, error) {
 
 func objectName(obj payload.ObjectID) string { return "embcache/" + obj.String() }
 
-// Put stores v's encoding under obj. A duplicate put succeeds (first writer
-// wins); either way the Location is returned only after is_exist reports
-// the object.
+// Put stores v's encoding under obj. An object present with the same bytes
+// is left as it is; one with other bytes (the key's value from before an
+// invalidation) is removed first, since Mooncake keeps the first put of a
+// name (a remove refused because a reader holds the object is a
+// *CodeError). Either way the Location is returned only after is_exist
+// reports the object.
 func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
 		return payload.Location{}, err
@@ -192,6 +196,11 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 		return payload.Location{}, err
 	}
 	sum := payload.Checksum(blake3.Sum256(enc))
+	loc := payload.Location{Transport: payload.TransportMooncake, Node: s.cfg.Node, Address: s.cfg.MasterServerAddr,
+		Object: obj.String(), Size: int64(len(enc)), Checksum: sum}
+	if same, err := s.holds(ctx, loc); err != nil || same {
+		return loc, err
+	}
 	key := C.CString(objectName(obj))
 	defer C.free(unsafe.Pointer(key))
 	if err := s.use(); err != nil {
@@ -209,8 +218,24 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 		}
 		return payload.Location{}, fmt.Errorf("%w: put of %v returned %d but the object does not exist", payload.ErrUnavailable, obj, rc)
 	}
-	return payload.Location{Transport: payload.TransportMooncake, Node: s.cfg.Node, Address: s.cfg.MasterServerAddr,
-		Object: obj.String(), Size: int64(len(enc)), Checksum: sum}, nil
+	return loc, nil
+}
+
+// holds reports whether the store has loc's object with loc's bytes. An
+// object with other bytes is removed (false, nil); one that cannot be
+// removed is the error.
+func (s *Store) holds(ctx context.Context, loc payload.Location) (bool, error) {
+	v, err := s.Get(ctx, loc)
+	switch {
+	case err == nil:
+		v.Close()
+		return true, nil
+	case errors.Is(err, payload.ErrNotFound):
+		return false, nil
+	case errors.Is(err, payload.ErrCorrupt), errors.As(err, new(*CodeError)):
+		return false, s.remove(loc)
+	}
+	return false, err
 }
 
 // Get reads the object at loc into a registered buffer and verifies it;
@@ -260,9 +285,23 @@ func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, 
 	return payload.WithRelease(v, release), nil
 }
 
-// Delete removes the object (not forced: an object a reader holds a lease
-// on is ErrBusy). An absent object is not an error.
-func (s *Store) Delete(_ context.Context, loc payload.Location) error {
+// Delete removes the object if it still holds loc's bytes (not forced: an
+// object a reader holds a lease on is ErrBusy); a value put in its place
+// since stays. An absent object is not an error.
+func (s *Store) Delete(ctx context.Context, loc payload.Location) error {
+	v, err := s.Get(ctx, loc)
+	switch {
+	case errors.Is(err, payload.ErrNotFound), errors.Is(err, payload.ErrCorrupt):
+		return nil // gone, or other bytes now
+	case err != nil:
+		return err
+	}
+	v.Close()
+	return s.remove(loc)
+}
+
+// remove removes loc's object, whatever it holds.
+func (s *Store) remove(loc payload.Location) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
 		return err

@@ -111,7 +111,10 @@ func TestErrorCodesMap(t *testing.T) {
 			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10))
 			return err
 		}, payload.ErrUnavailable, -900},
-		{"is_exist:-901", func() error { _, err := s.Put(ctx, obj, value(1000)); return err }, payload.ErrUnavailable, -901},
+		{"is_exist:-901", func() error {
+			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{10}}, value(10))
+			return err
+		}, payload.ErrUnavailable, -901},
 		{"remove:-706", func() error { return s.Delete(ctx, loc) }, ErrBusy, -706},
 		{"remove:-901", func() error { return s.Delete(ctx, loc) }, payload.ErrUnavailable, -901},
 		{"register:-1", func() error {
@@ -232,5 +235,34 @@ func TestRealMooncake(t *testing.T) {
 	got.Close()
 	if err := s.Delete(ctx, loc); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPutReplacesOtherBytes: Mooncake keeps the first put of a name; a Put
+// of other bytes (the key's value after an invalidation) removes the old
+// object first, and a Delete of the old Location leaves the new one.
+func TestPutReplacesOtherBytes(t *testing.T) {
+	ctx := context.Background()
+	s := openFake(t)
+	oldV, newV := value(1000), value(1000)
+	newV.Tensor.Data[0] ^= 1
+	oldLoc, err := s.Put(ctx, obj, oldV)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newLoc, err := s.Put(ctx, obj, newV)
+	if err != nil || newLoc.Checksum == oldLoc.Checksum {
+		t.Fatalf("%+v %v", newLoc, err)
+	}
+	if err := s.Delete(ctx, oldLoc); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, newLoc)
+	if err != nil {
+		t.Fatalf("the new value: %v", err)
+	}
+	defer got.Close()
+	if !bytes.Equal(got.Tensor.Data, newV.Tensor.Data) {
+		t.Fatal("wrong bytes")
 	}
 }
