@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: check-tracked bench-go debs test-debs test-python bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: build-bench check-tracked bench-go debs test-debs test-python bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -18,9 +18,16 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/embcache ./cmd/embcache
 
+# The benchmark harness is a module of its own (bench/go.mod), so that its
+# peers (go-redis, groupcache) stay out of the library's go.mod and the
+# embcache binary; it builds against this checkout (a replace directive).
+BENCH_MOD := bench
+build-bench:
+	cd $(BENCH_MOD) && CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(abspath $(BIN))/embcache-bench ./cmd/embcache-bench
+
 NATSCLI   := github.com/nats-io/natscli/nats@v0.5.0
 
-## test: vet (with and without the mooncake tag), every Go test under -race, the Python client's tests.
+## test: vet (with and without the mooncake tag), every Go test under -race (bench/'s module too), the Python client's tests.
 test: check-tracked tools test-debs vet test-go test-mooncake test-python
 
 ## check-tracked: no tracked file over 1 MiB, no tracked executable (build outputs go to bin/).
@@ -36,9 +43,11 @@ $(BIN)/nats:
 vet:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags mooncake $(PKGS)
+	cd $(BENCH_MOD) && $(GO) vet ./...
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
+	cd $(BENCH_MOD) && $(GO) test -race -count=1 ./...
 
 # The Mooncake transport is cgo behind a build tag; its tests build a fake
 # libmooncake_store with gcc (on every machine of this project's kind).
@@ -55,10 +64,10 @@ test-faults:
 		-faults.schedules $(FAULT_SCHEDULES) -faults.parallel $(FAULT_PARALLEL) -v \
 		| grep -E '^(fault schedules|--- |ok|FAIL)|^ +--- FAIL|faults_test'
 
-## bench: every suite of `embcache bench` (the Redis peer's redis-server is installed first); JSON in bench.json.
+## bench: every suite of bin/embcache-bench (the Redis peer's redis-server is installed first); JSON in bench.json.
 BENCH_FLAGS ?=
-bench: build debs
-	$(BIN)/embcache bench --out bench.json $(BENCH_FLAGS)
+bench: build-bench debs
+	$(BIN)/embcache-bench --out bench.json $(BENCH_FLAGS)
 
 ## bench-go: the go test benchmarks of each package.
 bench-go:
@@ -95,6 +104,7 @@ bench-agent-hit: build
 lint: vet check-tracked
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) mod tidy -diff
+	cd $(BENCH_MOD) && $(GO) mod tidy -diff
 
 # Each fuzz target for FUZZTIME (go test -fuzz takes one target at a time).
 fuzz:

@@ -194,3 +194,34 @@ func newCacheNoCleanup(b *testing.B, url string, store *shm.Store) *Cache {
 	}
 	return c
 }
+
+// BenchmarkRemoteHitTombstoneCheck: what the invalidation check adds to a
+// remote hit (docs/protocol.md 4.4): the tombstone's read from the stream
+// leader, against the record's own read that every remote hit makes.
+func BenchmarkRemoteHitTombstoneCheck(b *testing.B) {
+	srv := startServer(b)
+	store := payload.NewMemoryStore("test-node", 0)
+	c := newCache(b, srv.ClientURL(), store)
+	ctx := context.Background()
+	r := freshRef()
+	r.Model, r.Epoch = "m", 1
+	if _, err := c.GetOrCompute(ctx, "w", r, func(context.Context) (*payload.Value, error) { return embedding(1), nil }); err != nil {
+		b.Fatal(err)
+	}
+	ls, _ := c.handles()
+	var ours, base []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		cur, err := ls.read(ctx, r.KVKey())
+		if err != nil || !cur.live {
+			b.Fatal(cur, err)
+		}
+		base = append(base, time.Since(t0))
+		t1 := time.Now()
+		if stale, err := c.invalidatedRecord(ctx, ls, r.Tenant, cur.record); err != nil || stale {
+			b.Fatal(stale, err)
+		}
+		ours = append(ours, time.Since(t1))
+	}
+	report(b, ours, base, "check")
+}

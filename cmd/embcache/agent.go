@@ -110,3 +110,19 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	return l, nil
 }
+
+// waitStoreReachable waits until c reaches the KV bucket, for at most limit.
+func waitStoreReachable(ctx context.Context, c *coordinator.Cache, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for !c.Stats().StoreReachable {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("store not reachable after %v", limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}

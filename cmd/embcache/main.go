@@ -37,7 +37,7 @@ func newRoot() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemo(), newWorker(), newServe(), newKey(), newLeases(), newEvents(), newStats(),
-		newInvalidate(), newLoadgen(), newHealth(), newBench(), newBenchWorker(), newAgent(), newVersion())
+		newInvalidate(), newLoadgen(), newHealth(), newAgent(), newVersion())
 	return root
 }
 

@@ -2,6 +2,10 @@
 // multimodal serving stack: deterministic JPEG inputs, a preprocessing
 // config, an encoder that does real CPU work on the decoded pixels (and
 // may wait to stand for GPU time), and a Zipf request stream.
+//
+// The benchmark harness, a module of its own (bench/), imports it too:
+// the go command checks internal/ by import path, and that module's path,
+// github.com/embcache/embcache/bench, is under this module's.
 package workload
 
 import (

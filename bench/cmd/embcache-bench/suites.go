@@ -9,9 +9,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -21,9 +19,11 @@ import (
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/spf13/cobra"
 	"github.com/zeebo/blake3"
 )
+
+// The hot-path suites keys, local and payload (coord is in coord.go), each
+// case timed alternately with its floor.
 
 // benchRow is one measurement: ours against its baseline, in the same run.
 type benchRow struct {
@@ -34,87 +34,6 @@ type benchRow struct {
 	Unit     string  `json:"unit"`
 	Ratio    float64 `json:"ratio"` // ours / baseline (for throughputs: baseline / ours), lower is better
 	Note     string  `json:"note,omitempty"`
-}
-
-func newBench() *cobra.Command {
-	var suites, out string
-	var quick bool
-	var wf workloadFlags
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure the hot paths against their floors, and the dedup workload against peers, in one run",
-		Long: "bench runs suites and prints tables (and, with --out, JSON). Each hot-path case is measured\n" +
-			"alternately with its baseline in the same process. Suites: keys (key construction vs bare\n" +
-			"BLAKE3 and SHA-256), local (a local hit vs a bare golang-lru Get, 1 and 2 goroutines),\n" +
-			"coord (a cluster-wide miss and a waiter's wake vs bare KV CAS and put->watch; R1 and R3,\n" +
-			"SyncAlways on and off), payload (shm and httppull get vs memcpy and bare loopback TCP),\n" +
-			"workload (P processes x C goroutines over Zipf inputs: no cache, in-process only, a Redis\n" +
-			"single-flight, groupcache, embcache R1, R3 and R1 over shm; redis-server must be on PATH).",
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			run := map[string]func(bool) ([]benchRow, error){"keys": benchKeys, "local": benchLocal, "coord": benchCoord, "payload": benchPayload}
-			names := strings.Split(suites, ",")
-			for _, s := range names {
-				if _, ok := run[s]; !ok && s != "workload" {
-					return usagef("unknown suite %q (keys, local, coord, payload, workload)", s)
-				}
-			}
-			wf, err := wf.validate(quick)
-			if err != nil {
-				return err
-			}
-			var rows []benchRow
-			var work []workloadRow
-			for _, s := range names {
-				if s == "workload" {
-					if work, err = benchWorkload(cmd.Context(), wf, cmd.ErrOrStderr()); err != nil {
-						return fmt.Errorf("suite workload: %w", err)
-					}
-					continue
-				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s ...\n", s)
-				r, err := run[s](quick)
-				if err != nil {
-					return fmt.Errorf("suite %s: %w", s, err)
-				}
-				rows = append(rows, r...)
-			}
-			if len(rows) > 0 {
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "suite\tcase\tours\tbaseline\tunit\tratio\tnote")
-				for _, r := range rows {
-					fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3fx\t%s\n", r.Suite, r.Case, r.Ours, r.Baseline, r.Unit, r.Ratio, r.Note)
-				}
-				tw.Flush()
-			}
-			if len(work) > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "\nworkload: %d processes x %d goroutines, %d requests over %d inputs (Zipf %.2f), encoder %d ms + decode, %.2f MiB embeddings\n",
-					wf.procs, wf.goroutines, wf.requests, wf.unique, wf.zipf, wf.encodeMS, wf.embedMB)
-				printWorkload(cmd.OutOrStdout(), work)
-			}
-			if out != "" {
-				f, err := os.Create(out)
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows, "workload": work, "workload_config": map[string]any{
-					"procs": wf.procs, "goroutines": wf.goroutines, "unique": wf.unique, "requests": wf.requests,
-					"zipf": wf.zipf, "encode_ms": wf.encodeMS, "embed_mb": wf.embedMB}})
-			}
-			return nil
-		},
-	}
-	cmd.Flags().StringVar(&suites, "suites", "keys,local,coord,payload,workload", "suites to run, comma-separated")
-	cmd.Flags().StringVar(&out, "out", "", "also write the results as JSON to this file")
-	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes and few rounds (a smoke run)")
-	wf.register(cmd.Flags())
-	return cmd
-}
-
-func benchMachine() map[string]any {
-	host, _ := os.Hostname()
-	return map[string]any{"host": host, "time": time.Now().UTC().Format(time.RFC3339)}
 }
 
 // alternate times ours and base alternately for rounds, returning medians.

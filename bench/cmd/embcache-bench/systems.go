@@ -25,7 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The systems the workload suite compares, as one bench-worker process
+// The systems the workload suite compares, as one worker process
 // runs them. Each answers get(key) with the value, computing it with fn
 // when it decides this process must; the caller calls release when done.
 
@@ -94,7 +94,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 	case sysGroupcache:
 		return openGroupcache(cfg, computeOf)
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
-		nf := nodeFlags{natsURL: cfg.NATS, node: fmt.Sprintf("p%d", cfg.Proc), shmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
+		nf := nodeConfig{natsURL: cfg.NATS, node: fmt.Sprintf("p%d", cfg.Proc), shmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
 			replicas: cfg.Replicas, leaseTTL: 5 * time.Second, storeTTL: time.Hour}
 		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files
 			nf.node, nf.shmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")
@@ -114,21 +114,6 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 		return &embcacheSystem{j: j}, nil
 	}
 	return nil, fmt.Errorf("unknown system %q", cfg.System)
-}
-
-func waitStoreReachable(ctx context.Context, c *coordinator.Cache, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for !c.Stats().StoreReachable {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("store not reachable after %v", limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 // noCache computes every time: the cost the cache exists to remove.

@@ -31,8 +31,8 @@ import (
 // The workload suite: P processes x C goroutines ask for Zipf-distributed
 // inputs, each system in turn, with the same inputs, encoder and payload
 // bytes. Processes are real: the bench re-executes this binary as
-// `bench-worker`, one per process, and starts what a system needs (an
-// embedded NATS server or cluster, a redis-server) itself.
+// `embcache-bench worker`, one per process, and starts what a system needs
+// (an embedded NATS server or cluster, a redis-server) itself.
 
 // workloadFlags size the dedup workload.
 type workloadFlags struct {
@@ -234,7 +234,7 @@ func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResu
 		cfg := base
 		cfg.Proc = i
 		b, _ := json.Marshal(cfg)
-		p := &proc{cmd: exec.CommandContext(ctx, self, "bench-worker", "--config", string(b))}
+		p := &proc{cmd: exec.CommandContext(ctx, self, "worker", "--config", string(b))}
 		p.cmd.Stderr = &p.stderr
 		var err error
 		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
@@ -323,12 +323,12 @@ func startRedis(ctx context.Context, dir string) (string, func(), error) {
 	return addr, stop, nil
 }
 
-// newBenchWorker is the hidden command the workload suite runs per process.
-func newBenchWorker() *cobra.Command {
+// newWorker is the hidden command the workload suite runs per process.
+func newWorker() *cobra.Command {
 	var config string
 	cmd := &cobra.Command{
-		Use:    "bench-worker",
-		Short:  "One process of the bench's workload suite (run by embcache bench)",
+		Use:    "worker",
+		Short:  "One process of the bench's workload suite (run by embcache-bench)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -363,7 +363,7 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 		i, ok := byKey[key]
 		return func(ctx context.Context) (*payload.Value, error) { return enc.Encode(ctx, inputs[i]) }, ok
 	}
-	sys, err := openSystem(ctx, cfg, newLogger(errw, false), computeOf)
+	sys, err := openSystem(ctx, cfg, newLogger(errw), computeOf)
 	if err != nil {
 		return err
 	}

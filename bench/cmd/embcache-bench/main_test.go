@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+var binary string
+
+// TestMain builds the command once; the tests run it as a user would (the
+// workload suite re-executes it as its worker processes).
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "embcache-bench-test-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "embcache-bench")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building embcache-bench: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return o.String(), e.String(), exit.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), 0
+}
+
+func TestBenchQuick(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, code := run(t, "--quick", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Rows     []benchRow    `json:"rows"`
+		Workload []workloadRow `json:"workload"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 18 || len(r.Workload) != len(allSystems) {
+		t.Fatalf("bench JSON: %v, %d rows, %d workload rows\n%s", err, len(r.Rows), len(r.Workload), raw)
+	}
+	for _, row := range r.Rows {
+		if row.Ours <= 0 || row.Baseline <= 0 || row.Ratio <= 0 || !strings.Contains(stdout, row.Case) {
+			t.Fatalf("row %+v", row)
+		}
+	}
+	_, redisErr := exec.LookPath("redis-server")
+	for _, w := range r.Workload {
+		if w.System == sysRedis && redisErr != nil {
+			t.Logf("redis-server is not installed (make test installs it): %s", w.Skipped)
+			continue
+		}
+		if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || !strings.Contains(stdout, w.System) {
+			t.Fatalf("workload row %+v", w)
+		}
+		// Every system that shares computes across processes computes each input once.
+		shares := w.System != sysNone && w.System != sysLocal
+		if shares && w.Forwards != w.Unique && degraded(w) {
+			// Under -race with every package's tests on 2 cores, an R3 write
+			// can outlast the op timeout: the process then computes alone,
+			// by design, and says so.
+			t.Logf("%s: %d forwards for %d inputs while degraded: %+v", w.System, w.Forwards, w.Unique, w.Details)
+			continue
+		}
+		if shares && (w.Forwards != w.Unique || w.MaxForwards != w.Unique) || w.System == sysNone && w.Forwards != w.Requests {
+			t.Fatalf("%s: %d forwards for %d inputs, %d requests; per process: %+v", w.System, w.Forwards, w.Unique, w.Requests, w.Details)
+		}
+	}
+	if _, _, code := run(t, "--suites", "nope"); code != 2 {
+		t.Fatalf("unknown suite: exit %d", code)
+	}
+}
+
+// degraded reports whether an embcache process of the row computed without
+// the store.
+func degraded(w workloadRow) bool {
+	for _, d := range w.Details {
+		if m, ok := d.(map[string]any); ok {
+			if n, _ := m["Degraded"].(float64); n > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
