@@ -312,7 +312,7 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	ls, hub := c.handles()
 	if ls == nil {
-		return c.degraded(ctx, fn, ErrStoreUnavailable)
+		return c.degraded(ctx, ref, fn, ErrStoreUnavailable)
 	}
 	key := ref.KVKey()
 	waited := false
@@ -334,7 +334,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		}
 		if err != nil {
 			unsubscribe()
-			return c.degraded(ctx, fn, err)
+			return c.degraded(ctx, ref, fn, err)
 		}
 		if cur.live && cur.record.State == StateComputing && c.purgeStale(ctx, ls, key, cur) {
 			unsubscribe()
@@ -356,7 +356,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				continue
 			}
 			if err != nil {
-				return c.degraded(ctx, fn, err)
+				return c.degraded(ctx, ref, fn, err)
 			}
 			if attempt > 0 {
 				c.stats.takeovers.Add(1)
@@ -365,34 +365,29 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 
 		case cur.record.State == StateCommitted:
 			unsubscribe()
-			v, err := c.pull(ctx, ref, cur.record)
+			v, err := c.pull(ctx, ls, ref, cur)
+			if errors.Is(err, errInvalidated) {
+				continue // purged: compute it again
+			}
+			var unread *tombstoneError
+			if errors.As(err, &unread) {
+				return c.degraded(ctx, ref, fn, err)
+			}
 			if err == nil {
-				// After the pull, so that an invalidation this process has
-				// not applied yet to its local copies is seen here (4.4).
-				stale, err := c.invalidatedRecord(ctx, ls, ref.Tenant, cur.record)
-				if err != nil {
-					v.Close()
-					return c.degraded(ctx, fn, err)
-				}
-				if stale {
-					v.Close()
-					c.dropInvalidated(ctx, ls, ref, cur)
-					continue
-				}
 				if waited {
 					return v, PathWaited, nil
 				}
 				return v, PathRemoteHit, nil
 			}
 			if attempt >= 3 {
-				return c.degraded(ctx, fn, err)
+				return c.degraded(ctx, ref, fn, err)
 			}
 			// Drop the record (if nobody changed it) so the key can be recomputed.
 			octx, cancel := c.opContext(ctx)
 			err = ls.purgeFor(octx, key, cur.rev, events.CauseCorrupt)
 			cancel()
 			if err != nil && !errors.Is(err, ErrLeaseLost) {
-				return c.degraded(ctx, fn, err)
+				return c.degraded(ctx, ref, fn, err)
 			}
 
 		default: // computing elsewhere: wait for a change, or poll
@@ -526,10 +521,24 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 		if !errors.Is(err, ErrLeaseLost) {
 			lease.Abandon(context.WithoutCancel(ctx), err)
 		}
-	} else {
-		c.expiries.Store(lease.ref.Object(), lease.expires())
 		if l != nil {
-			l.published(lease.ref, loc, lease.expires(), true)
+			l.note(lease.ref)
+		}
+		return v, PathComputed, nil
+	}
+	c.expiries.Store(lease.ref.Object(), lease.expires())
+	if l != nil {
+		l.published(lease.ref, loc, lease.expires())
+	}
+	// An invalidation that came while it computed: the caller gets the
+	// value it asked for, but the record and the local copy go (4.4). After
+	// published, so that an event arriving from now on finds the copy.
+	if ls, _ := c.handles(); ls != nil {
+		rec := lease.record()
+		if stale, err := c.invalidatedRecord(ctx, ls, lease.ref.Tenant, rec); err == nil && stale {
+			c.dropInvalidated(ctx, ls, lease.ref, current{rev: lease.Revision()})
+			obj := lease.ref.Object()
+			c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
 		}
 	}
 	return v, PathComputed, nil
@@ -537,7 +546,7 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 
 // degraded computes without the store: counted in ModeDegrade, an error
 // in ModeStrict.
-func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*payload.Value, Path, error) {
+func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause error) (*payload.Value, Path, error) {
 	if c.s.mode == ModeStrict {
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
@@ -550,6 +559,9 @@ func (c *Cache) degraded(ctx context.Context, fn ComputeFunc, cause error) (*pay
 		return nil, PathDegraded, err
 	}
 	c.stats.computes.Add(1)
+	if l := c.eventLink(); l != nil {
+		l.note(ref) // an invalidation of its model and epoch drops it too
+	}
 	return v, PathDegraded, nil
 }
 

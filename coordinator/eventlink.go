@@ -87,24 +87,31 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 		Model: ref.Model, Epoch: ref.Epoch, Node: l.c.s.node, Time: time.Now()}
 }
 
-// published records a value this process committed or pulled, and
-// announces a commit.
-// A pull is a use of the value too: it is announced as a touch.
-func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, committed bool) {
-	m := &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch}
-	if committed {
-		m.lastTouch = time.Now()
-	}
+// published records a value this process committed, and announces it.
+func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = m
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now()}
 	l.mu.Unlock()
-	if !committed {
-		l.touched(ref.Object())
-		return
-	}
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
 	l.pub.Publish(e)
+}
+
+// noteAt records a value this process pulled from loc: an invalidation of
+// its model and epoch finds it, and its hits are touches.
+func (l *eventLink) noteAt(ref Ref, loc payload.Location) {
+	l.mu.Lock()
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch}
+	l.mu.Unlock()
+}
+
+// note records a value this process holds with no record (computed
+// without the store, or a commit refused): an invalidation of its model
+// and epoch finds it; it has nothing to touch.
+func (l *eventLink) note(ref Ref) {
+	l.mu.Lock()
+	l.meta[ref.Object()] = &valueMeta{model: ref.Model, epoch: ref.Epoch}
+	l.mu.Unlock()
 }
 
 // touched announces a hit, at most once per key per interval: the
@@ -116,7 +123,7 @@ func (l *eventLink) touched(obj payload.ObjectID) {
 	now := time.Now()
 	l.mu.Lock()
 	m := l.meta[obj]
-	if m == nil {
+	if m == nil || m.loc.Transport == "" { // unknown, or no record to touch
 		l.mu.Unlock()
 		return
 	}
@@ -202,7 +209,9 @@ func (l *eventLink) apply(e events.Event) {
 			cause = localcache.CauseInvalidated
 		}
 		c.local.Evict(obj, cause)
-		if e.Location != nil && e.Location.Node == c.s.node {
+		// A payload found corrupt is its reader's to remove (its store
+		// did); a recompute may have put the value back under its name.
+		if e.Location != nil && e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt {
 			ctx, cancel := c.opContext(context.Background())
 			c.router.putter.Delete(ctx, *e.Location)
 			cancel()

@@ -46,20 +46,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	// Through a flight of its own, so that concurrent gets share one pull;
 	// never through another's, which may be a compute (a wait).
 	v, err = c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
-		v, err := c.pull(cctx, ref, cur.record)
-		if err != nil {
-			return nil, err
-		}
-		stale, err := c.invalidatedRecord(cctx, ls, ref.Tenant, cur.record)
-		if err == nil && stale {
-			c.dropInvalidated(cctx, ls, ref, cur)
-			err = errors.New("coordinator: the record was invalidated")
-		}
-		if err != nil {
-			v.Close()
-			return nil, err
-		}
-		return v, nil
+		return c.pull(cctx, ls, ref, cur)
 	})
 	if errors.Is(err, localcache.ErrInFlight) {
 		return nil, 0, ErrNotCached
@@ -71,8 +58,14 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 }
 
 // pull fetches a committed record's value through the payload plane
-// (checksum verified), counting it; an error is counted and logged.
-func (c *Cache) pull(ctx context.Context, ref Ref, rec Record) (*payload.Value, error) {
+// (checksum verified), counting it; an error is counted and logged. A
+// record reserved before its model and epoch's invalidation is purged and
+// is errInvalidated; a tombstone that cannot be read is a *tombstoneError.
+// The check comes after the fetch and the note of the value's model and
+// epoch, so an invalidation is seen either here (its tombstone) or by the
+// event that will drop the copy (docs/protocol.md 4.4).
+func (c *Cache) pull(ctx context.Context, ls *leaseStore, ref Ref, cur current) (*payload.Value, error) {
+	rec := cur.record
 	start := time.Now()
 	v, err := c.router.get(ctx, *rec.Location)
 	if err != nil {
@@ -82,12 +75,28 @@ func (c *Cache) pull(ctx context.Context, ref Ref, rec Record) (*payload.Value, 
 			"location", rec.Location.Object, "node", rec.Location.Node, "err", err)
 		return nil, err
 	}
+	l := c.eventLink()
+	if l != nil {
+		l.noteAt(ref, *rec.Location)
+	}
+	stale, err := c.invalidatedRecord(ctx, ls, ref.Tenant, rec)
+	if err != nil || stale {
+		v.Close()
+		if l != nil {
+			l.forget(ref.Object())
+		}
+		if err != nil {
+			return nil, &tombstoneError{err}
+		}
+		c.dropInvalidated(ctx, ls, ref, cur)
+		return nil, errInvalidated
+	}
 	c.expiries.Store(ref.Object(), rec.Expires)
 	c.stats.remoteHits.Add(1)
 	c.tel.pullBytes.Add(ctx, rec.Location.Size)
 	c.tel.pullTime.Record(ctx, time.Since(start).Seconds())
-	if l := c.eventLink(); l != nil {
-		l.published(ref, *rec.Location, rec.Expires, false)
+	if l != nil {
+		l.touched(ref.Object()) // a pull is a use
 	}
 	return v, nil
 }

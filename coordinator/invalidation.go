@@ -45,21 +45,56 @@ func (s *leaseStore) put(ctx context.Context, key string, r Record, ttl time.Dur
 // tombstone's revision is later than the reservation's. The tombstone is
 // read from the stream leader, so an Invalidate that has returned is seen.
 func (c *Cache) invalidatedRecord(ctx context.Context, ls *leaseStore, tenant string, rec Record) (bool, error) {
-	if rec.Model == "" {
-		return false, nil // nothing can invalidate it
-	}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	tomb, err := ls.read(octx, tombstoneKey(tenant, rec.Model, rec.Epoch))
+	stale, err := ls.invalidated(octx, tenant, rec)
 	if errors.Is(err, ErrBadRecord) {
-		c.badRecord(err)
-		return true, nil // unreadable: it may be a newer version's tombstone
+		c.badRecord(err) // maybe a newer version's tombstone: not shared, not purged
 	}
-	if err != nil {
-		return false, err
-	}
-	return tomb.live && tomb.record.State == StateInvalidated && rec.Reserved < tomb.rev, nil
+	return stale, err
 }
+
+// invalidated reports whether rec, a committed record of tenant, was
+// reserved before the latest invalidation of its model and epoch (the
+// tombstone's revision is later than rec.Reserved). A tombstone that does
+// not decode is an error wrapping ErrBadRecord.
+func (s *leaseStore) invalidated(ctx context.Context, tenant string, rec Record) (bool, error) {
+	rev, err := s.tombstone(ctx, tenant, rec.Model, rec.Epoch)
+	return rev > rec.Reserved, err
+}
+
+// tombstone returns the revision of the tombstone of tenant's model and
+// epoch, or 0 if there is none, read from the stream leader (a direct
+// get in tenant mode: see docs/protocol.md 4.4).
+func (s *leaseStore) tombstone(ctx context.Context, tenant, model string, epoch uint64) (uint64, error) {
+	if model == "" {
+		return 0, nil // nothing can invalidate it
+	}
+	tomb, err := s.read(ctx, tombstoneKey(tenant, model, epoch))
+	if err != nil {
+		return 0, err
+	}
+	if !tomb.live {
+		return 0, nil
+	}
+	if tomb.record.State != StateInvalidated {
+		return 0, fmt.Errorf("%w: %s is not a tombstone", ErrBadRecord, tombstoneKey(tenant, model, epoch))
+	}
+	return tomb.rev, nil
+}
+
+// errInvalidated is a pulled record refused (and purged) because its model
+// and epoch were invalidated after its reservation.
+var errInvalidated = errors.New("coordinator: the record was invalidated after its reservation")
+
+// tombstoneError is a tombstone that could not be read: whether the record
+// is stale is unknown, so the value is not shared.
+type tombstoneError struct{ err error }
+
+func (e *tombstoneError) Error() string {
+	return "coordinator: invalidation tombstone unreadable: " + e.err.Error()
+}
+func (e *tombstoneError) Unwrap() error { return e.err }
 
 // dropInvalidated removes a committed record that an invalidation made
 // stale (if nobody changed it meanwhile), so the key is computed again,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -272,6 +273,9 @@ func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Ev
 		cur.record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.record.Expires) {
 		return
 	}
+	if stale, err := ls.invalidated(octx, e.Tenant, cur.record); err != nil || stale {
+		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
+	}
 	// The record may expire at its own expiry (set when it was written,
 	// before it was sent): a touch answered after that may be wiped by the
 	// server's TTL marker, so it is not counted as applied, and one sent
@@ -369,8 +373,20 @@ func (r *Reconciler) sweep(ctx context.Context, ls *leaseStore, pub *events.Publ
 }
 
 // applyInvalidation removes every committed record (and payload) of the
-// event's tenant, model and epoch.
+// event's tenant, model and epoch reserved before its tombstone (every one,
+// for an event without a tombstone: an older release's invalidate). A
+// value computed since stays, also when the event is delivered again.
 func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, e events.Event) {
+	tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	tomb, err := ls.tombstone(tctx, e.Tenant, e.Model, e.Epoch)
+	cancel()
+	if err != nil {
+		r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model, "err", err)
+		return
+	}
+	if tomb == 0 {
+		tomb = math.MaxUint64
+	}
 	lister, err := ls.kv.ListKeysFiltered(ctx, e.Tenant+".>")
 	if err != nil {
 		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "err", err)
@@ -384,7 +400,7 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub 
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 		cur, err := r.read(octx, ls, key)
 		if err == nil && cur.live && cur.record.State == StateCommitted &&
-			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch {
+			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch && cur.record.Reserved < tomb {
 			if ls.purgeFor(octx, key, cur.rev, events.CauseInvalidated) == nil {
 				r.did(actionInvalidate)
 				if loc := cur.record.Location; loc != nil {

@@ -321,3 +321,45 @@ func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
 		return !readRecord(t, a, ref(1)).record.Expires.Before(lastUse.Add(storeTTL))
 	})
 }
+
+// TestComputeSpanningAnInvalidation: a value whose compute started before
+// an invalidation is handed to its caller, but neither kept nor shared:
+// its record goes and its copy stays out of the local cache.
+func TestComputeSpanningAnInvalidation(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	url := srv.ClientURL()
+	a, b := eventCache(t, url, store), eventCache(t, url, store)
+	ctx := context.Background()
+	started, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.GetOrCompute(ctx, "r", ref(1), func(context.Context) (*payload.Value, error) {
+			close(started)
+			<-finish
+			return embedding(1), nil // the old weights' value
+		})
+		a.Release("r")
+		done <- err
+	}()
+	<-started
+	if err := b.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	close(finish)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a.local.Contains(ref(1).Object()) {
+		t.Fatal("a value computed across an invalidation entered the local cache")
+	}
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live })
+	for _, c := range []*Cache{a, b} {
+		v, path, err := c.GetOrComputePath(ctx, "r2", ref(1), func(context.Context) (*payload.Value, error) { return embedding(9), nil })
+		if err != nil || (path != PathComputed && path != PathRemoteHit && path != PathWaited) {
+			t.Fatal(path, err)
+		}
+		sameValue(t, v, 9)
+		c.Release("r2")
+	}
+}

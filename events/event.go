@@ -132,8 +132,8 @@ func (e *Event) Validate() error {
 			return fmt.Errorf("%w: %v", ErrBadEvent, err)
 		}
 	case KindEvicted:
-		if e.Cause == 0 {
-			return fmt.Errorf("%w: evicted without a cause", ErrBadEvent)
+		if e.Cause < CauseExpired || e.Cause > CauseExplicit {
+			return fmt.Errorf("%w: evicted with cause %d", ErrBadEvent, e.Cause)
 		}
 	case KindInvalidated:
 		if e.Model == "" || e.Key != InvalidationKey(e.Model, e.Epoch) {

@@ -86,6 +86,11 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 	s := &Subscription{consumer: cons}
 	s.cc, err = cons.Consume(func(m jetstream.Msg) {
 		e, err := Decode(m.Data())
+		if err == nil && e.Subject() != m.Subject() {
+			// Publish permissions are per subject (per tenant): a body
+			// that names another tenant or key than its subject is refused.
+			err = &DecodeError{Reason: BadInvalid, Err: fmt.Errorf("%w: subject %s, body says %s", ErrBadEvent, m.Subject(), e.Subject())}
+		}
 		if err != nil {
 			s.bad.Add(1)
 			reason := ReasonOf(err)

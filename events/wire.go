@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -26,36 +27,87 @@ const MaxEventSize = 64 << 10
 // when zero, integers in their shortest form, keys and checksums as 32-byte
 // bin, times as int nanoseconds since the Unix epoch.
 type wireEvent struct {
-	V        uint8         `msgpack:"v"`
-	Kind     Kind          `msgpack:"kind"`
+	V        uintField     `msgpack:"v"`
+	Kind     uintField     `msgpack:"kind"`
 	Tenant   str           `msgpack:"tenant"`
 	Key      bin32         `msgpack:"key"`
 	Model    str           `msgpack:"model,omitempty"`
-	Epoch    uint64        `msgpack:"epoch,omitempty"`
+	Epoch    uintField     `msgpack:"epoch,omitempty"`
 	Node     str           `msgpack:"node,omitempty"`
-	Time     int64         `msgpack:"time"`
-	Expires  int64         `msgpack:"expires,omitempty"`
+	Time     intField      `msgpack:"time"`
+	Expires  intField      `msgpack:"expires,omitempty"`
 	Location *wireLocation `msgpack:"location,omitempty"`
-	Cause    Cause         `msgpack:"cause,omitempty"`
+	Cause    uintField     `msgpack:"cause,omitempty"`
 	Reason   str           `msgpack:"reason,omitempty"`
 }
 
 type wireLocation struct {
-	Transport str   `msgpack:"transport"`
-	Node      str   `msgpack:"node"`
-	Address   str   `msgpack:"address,omitempty"`
-	Object    str   `msgpack:"object"`
-	Size      int64 `msgpack:"size"`
-	Checksum  bin32 `msgpack:"checksum"`
+	Transport str       `msgpack:"transport"`
+	Node      str       `msgpack:"node"`
+	Address   str       `msgpack:"address,omitempty"`
+	Object    str       `msgpack:"object"`
+	Size      uintField `msgpack:"size"`
+	Checksum  bin32     `msgpack:"checksum"`
 }
 
-// str and bin32 are the body's str and 32-byte bin fields: msgpack/v5
-// would read either type as the other (and nil as empty), which the
-// protocol does not allow.
+// str, bin32, uintField and intField are the body's str, 32-byte bin,
+// uint and int fields: msgpack/v5 would read a str as a bin and the other
+// way round, nil as empty or 0, a float or a negative int as a uint, which
+// the protocol does not allow.
 type (
-	str   string
-	bin32 [32]byte
+	str       string
+	bin32     [32]byte
+	uintField uint64
+	intField  int64
 )
+
+func (u uintField) EncodeMsgpack(enc *msgpack.Encoder) error { return enc.EncodeUint(uint64(u)) }
+
+func (u *uintField) DecodeMsgpack(dec *msgpack.Decoder) error {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh,
+		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
+		n, err := dec.DecodeUint64()
+		*u = uintField(n)
+		return err
+	case c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64:
+		n, err := dec.DecodeInt64()
+		if err == nil && n < 0 {
+			err = fmt.Errorf("%d where a uint belongs", n)
+		}
+		*u = uintField(n)
+		return err
+	}
+	return fmt.Errorf("msgpack code %#x where a uint belongs", c)
+}
+
+func (i intField) EncodeMsgpack(enc *msgpack.Encoder) error { return enc.EncodeInt(int64(i)) }
+
+func (i *intField) DecodeMsgpack(dec *msgpack.Decoder) error {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case msgpcode.IsFixedNum(c), c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64,
+		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32:
+		n, err := dec.DecodeInt64()
+		*i = intField(n)
+		return err
+	case c == msgpcode.Uint64:
+		n, err := dec.DecodeUint64()
+		if err == nil && n > math.MaxInt64 {
+			err = fmt.Errorf("%d does not fit an int", n)
+		}
+		*i = intField(n)
+		return err
+	}
+	return fmt.Errorf("msgpack code %#x where an int belongs", c)
+}
 
 func (s *str) DecodeMsgpack(dec *msgpack.Decoder) error {
 	c, err := dec.PeekCode()
@@ -114,14 +166,14 @@ func Encode(e *Event) ([]byte, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
-	w := wireEvent{V: SchemaVersion, Kind: e.Kind, Tenant: str(e.Tenant), Key: bin32(e.Key), Model: str(e.Model),
-		Epoch: e.Epoch, Node: str(e.Node), Time: e.Time.UnixNano(), Cause: e.Cause, Reason: str(e.Reason)}
+	w := wireEvent{V: SchemaVersion, Kind: uintField(e.Kind), Tenant: str(e.Tenant), Key: bin32(e.Key), Model: str(e.Model),
+		Epoch: uintField(e.Epoch), Node: str(e.Node), Time: intField(e.Time.UnixNano()), Cause: uintField(e.Cause), Reason: str(e.Reason)}
 	if !e.Expires.IsZero() {
-		w.Expires = e.Expires.UnixNano()
+		w.Expires = intField(e.Expires.UnixNano())
 	}
 	if l := e.Location; l != nil {
 		w.Location = &wireLocation{Transport: str(l.Transport), Node: str(l.Node), Address: str(l.Address),
-			Object: str(l.Object), Size: l.Size, Checksum: bin32(l.Checksum)}
+			Object: str(l.Object), Size: uintField(l.Size), Checksum: bin32(l.Checksum)}
 	}
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
@@ -196,21 +248,30 @@ func isInt(v any, n int64) bool {
 }
 
 func decodeV2(b []byte) (Event, error) {
+	if err := refuseNils(b, "location"); err != nil {
+		return Event{}, err
+	}
 	var w wireEvent
 	if err := strictUnmarshal(b, &w); err != nil {
 		return Event{}, err
 	}
-	e := Event{Kind: w.Kind, Tenant: string(w.Tenant), Key: cachekey.Key(w.Key), Model: string(w.Model),
-		Epoch: w.Epoch, Node: string(w.Node), Cause: w.Cause, Reason: string(w.Reason)}
+	if w.Kind > math.MaxUint8 || w.Cause > math.MaxUint8 {
+		return Event{}, badEvent(BadInvalid, "kind %d or cause %d out of range", w.Kind, w.Cause)
+	}
+	e := Event{Kind: Kind(w.Kind), Tenant: string(w.Tenant), Key: cachekey.Key(w.Key), Model: string(w.Model),
+		Epoch: uint64(w.Epoch), Node: string(w.Node), Cause: Cause(w.Cause), Reason: string(w.Reason)}
 	if w.Time != 0 {
-		e.Time = time.Unix(0, w.Time).UTC()
+		e.Time = time.Unix(0, int64(w.Time)).UTC()
 	}
 	if w.Expires != 0 {
-		e.Expires = time.Unix(0, w.Expires).UTC()
+		e.Expires = time.Unix(0, int64(w.Expires)).UTC()
 	}
 	if l := w.Location; l != nil {
+		if l.Size > math.MaxInt64 {
+			return Event{}, badEvent(BadInvalid, "location size %d out of range", l.Size)
+		}
 		e.Location = &payload.Location{Transport: string(l.Transport), Node: string(l.Node), Address: string(l.Address),
-			Object: string(l.Object), Size: l.Size, Checksum: payload.Checksum(l.Checksum)}
+			Object: string(l.Object), Size: int64(l.Size), Checksum: payload.Checksum(l.Checksum)}
 	}
 	return e, nil
 }
@@ -222,6 +283,27 @@ func decodeV1(b []byte) (Event, error) {
 	}
 	return Event{Kind: v.Kind, Tenant: v.Tenant, Key: v.Key, Model: v.Model, Epoch: v.Epoch, Node: v.Node,
 		Time: v.Time, Expires: v.Expires, Location: v.Location, Cause: v.Cause, Reason: v.Reason}, nil
+}
+
+// refuseNils refuses a nil value in the map b, or in its map under key
+// nested: msgpack/v5 reads nil as any field's zero value without asking the
+// field's decoder.
+func refuseNils(b []byte, nested string) error {
+	var m map[string]msgpack.RawMessage
+	if err := msgpack.Unmarshal(b, &m); err != nil {
+		return badEvent(BadMalformed, "%v", err)
+	}
+	for k, v := range m {
+		if len(v) == 0 || (len(v) == 1 && v[0] == msgpcode.Nil) {
+			return badEvent(BadInvalid, "%s is nil", k)
+		}
+		if k == nested {
+			if err := refuseNils(v, ""); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // strictUnmarshal decodes one body into v: a key v does not name, or bytes

@@ -180,7 +180,13 @@ func TestDecodeRefusesWrongTypes(t *testing.T) {
 		},
 		"kind as a string": func(b []byte) []byte { return bytes.Replace(b, []byte("\xa4kind\x01"), []byte("\xa4kind\xa11"), 1) },
 		"version 3":        func(b []byte) []byte { return bytes.Replace(b, []byte("\xa1v\x02"), []byte("\xa1v\x03"), 1) },
-		"truncated":        func(b []byte) []byte { return b[:len(b)-3] },
+		"a negative epoch": func(b []byte) []byte { return bytes.Replace(b, []byte("\xa5epoch\x03"), []byte("\xa5epoch\xff"), 1) },
+		"a nil epoch":      func(b []byte) []byte { return bytes.Replace(b, []byte("\xa5epoch\x03"), []byte("\xa5epoch\xc0"), 1) },
+		"kind 261": func(b []byte) []byte {
+			return bytes.Replace(b, []byte("\xa4kind\x01"), []byte("\xa4kind\xcd\x01\x05"), 1)
+		},
+		"a float time": func(b []byte) []byte { return bytes.Replace(b, []byte("\xa4time\xcf"), []byte("\xa4time\xcb"), 1) },
+		"truncated":    func(b []byte) []byte { return b[:len(b)-3] },
 	} {
 		b := edit(bytes.Clone(golden))
 		if bytes.Equal(b, golden) {

@@ -217,15 +217,12 @@ func (c *Cache[K, V]) Release(req string) int {
 // and is dropped on its final release. It reports whether key was present.
 func (c *Cache[K, V]) Remove(key K) bool { return c.Evict(key, CauseExplicit) }
 
-// Evict is Invalidate for one key, with the given cause: the entry leaves
-// the index now (expired or not; if pinned, it is dropped on its final
-// release), and a compute running for key keeps its value out. It reports
-// whether key had an entry.
+// Evict drops key's entry now, with the given cause (expired or not; if
+// pinned, it is dropped on its final release), in O(1), and reports
+// whether there was one. Unlike Invalidate it leaves a compute running for
+// key alone: its value is newer than the entry.
 func (c *Cache[K, V]) Evict(key K, cause Cause) bool {
 	c.mu.Lock()
-	if f := c.flights[key]; f != nil {
-		f.discard = cause
-	}
 	e, ok := c.lru.Peek(key)
 	if !ok {
 		c.mu.Unlock()

@@ -232,10 +232,10 @@ func (s *Store) holds(ctx context.Context, loc payload.Location) (bool, error) {
 		return true, nil
 	case errors.Is(err, payload.ErrNotFound):
 		return false, nil
-	case errors.Is(err, payload.ErrCorrupt), errors.As(err, new(*CodeError)):
+	case errors.Is(err, payload.ErrCorrupt):
 		return false, s.remove(loc)
 	}
-	return false, err
+	return false, err // unavailable, busy: not a reason to remove anything
 }
 
 // Get reads the object at loc into a registered buffer and verifies it;

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/embcache/embcache/payload"
 	"github.com/zeebo/blake3"
@@ -121,6 +122,9 @@ func Open(dir string, opts ...Option) (*Store, error) {
 // Dir returns the store's directory.
 func (s *Store) Dir() string { return s.dir }
 
+// Node returns the node name its Locations carry (WithNode).
+func (s *Store) Node() string { return s.node }
+
 // Used returns the bytes the store accounts for.
 func (s *Store) Used() int64 {
 	s.mu.Lock()
@@ -167,6 +171,7 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	// may not be served): replaced.
 	old, oldSum, present := existing(final)
 	if present && oldSum == sum && old == size {
+		touch(final)
 		return s.location(obj, size, sum), nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -218,6 +223,7 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 	final := s.path(obj)
 	old, oldSum, present := existing(final)
 	if present && oldSum == sum && old == size {
+		touch(final)
 		return s.location(obj, size, sum), nil
 	}
 	written, err := s.write(final, size+int64(trailerSize), present, func(f *os.File) error {
@@ -303,6 +309,13 @@ func decodes(f *os.File, size int64) error {
 }
 
 // existing reads the encoded size and checksum of a stored file.
+// touch moves a file's times to now: a value put again counts as new for
+// a sweep's minimum age (coordinator.WithPayloadSweep).
+func touch(path string) {
+	now := time.Now()
+	os.Chtimes(path, now, now)
+}
+
 func existing(path string) (int64, payload.Checksum, bool) {
 	var sum payload.Checksum
 	f, err := os.Open(path)
