@@ -528,7 +528,7 @@ func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) 
 	}
 	c.expiries.Store(lease.ref.Object(), lease.expires())
 	if l != nil {
-		l.published(lease.ref, loc, lease.expires())
+		l.published(lease.ref, loc, lease.expires(), lease.Revision())
 	}
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After

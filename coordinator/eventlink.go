@@ -32,6 +32,7 @@ type valueMeta struct {
 	epoch     uint64
 	lastTouch time.Time // when the last touched event was sent
 	lastUse   time.Time // the last hit; after lastTouch: a touch is owed
+	rev       uint64    // the revision of the record the copy came from (0: none)
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
@@ -88,21 +89,31 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 }
 
 // published records a value this process committed, and announces it.
-func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time) {
+func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, rev uint64) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now()}
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), rev: rev}
 	l.mu.Unlock()
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
 	l.pub.Publish(e)
 }
 
-// noteAt records a value this process pulled from loc: an invalidation of
-// its model and epoch finds it, and its hits are touches.
-func (l *eventLink) noteAt(ref Ref, loc payload.Location) {
+// noteAt records a value this process pulled from loc, named by the
+// record at rev: an invalidation of its model and epoch finds it, and its
+// hits are touches.
+func (l *eventLink) noteAt(ref Ref, loc payload.Location, rev uint64) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch}
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, rev: rev}
 	l.mu.Unlock()
+}
+
+// newerCopy reports whether this process's copy of obj came from a record
+// later than rev: a removal at rev is not its record's.
+func (l *eventLink) newerCopy(obj payload.ObjectID, rev uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.meta[obj]
+	return m != nil && m.rev > rev
 }
 
 // note records a value this process holds with no record (computed

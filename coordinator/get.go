@@ -77,7 +77,7 @@ func (c *Cache) pull(ctx context.Context, ls *leaseStore, ref Ref, cur current) 
 	}
 	l := c.eventLink()
 	if l != nil {
-		l.noteAt(ref, *rec.Location)
+		l.noteAt(ref, *rec.Location, cur.rev)
 	}
 	stale, err := c.invalidatedRecord(ctx, ls, ref.Tenant, rec)
 	if err != nil || stale {

@@ -125,8 +125,10 @@ func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time,
 
 // recordChanged follows the bucket for the local copies: a record
 // extended extends its copy; a record gone (expired, purged, deleted)
-// takes its copy with it.
-func (c *Cache) recordChanged(key string, st *current) {
+// takes its copy with it, unless the copy came from a later record (the
+// watcher reports a purge this process made before it computed the key
+// again).
+func (c *Cache) recordChanged(key string, rev uint64, st *current) {
 	tenant, hexKey, ok := strings.Cut(key, ".")
 	k, err := cachekey.Parse(hexKey)
 	if !ok || err != nil {
@@ -135,6 +137,9 @@ func (c *Cache) recordChanged(key string, st *current) {
 	obj := payload.ObjectID{Tenant: tenant, Key: k}
 	switch {
 	case st == nil:
+		if l := c.eventLink(); l != nil && l.newerCopy(obj, rev) {
+			return
+		}
 		c.local.Evict(obj, localcache.CauseStore)
 	case st.record.State == StateCommitted:
 		c.local.Touch(obj, st.record.Expires)

@@ -62,6 +62,19 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 		t.Fatalf("after the invalidation: path %v, %v", path, err)
 	}
 	sameValue(t, v, 9)
+	d.Release("r")
+	// The watcher may report the purge d made before computing after d's
+	// copy is in: the copy came from a later record, and stays. A removal
+	// of its own record takes it.
+	commitRev := readRecord(t, d, target).rev
+	d.recordChanged(target.KVKey(), commitRev-1, nil)
+	if !d.local.Contains(target.Object()) || d.Stats().Local.Evicted(localcache.CauseStore) != 0 {
+		t.Fatalf("the recomputed copy was dropped: %+v", d.Stats().Local)
+	}
+	d.recordChanged(target.KVKey(), commitRev+1, nil)
+	if d.local.Contains(target.Object()) {
+		t.Fatal("the removal of its own record left the copy")
+	}
 	if _, path, err := d.GetOrComputePath(ctx, "r", other, cnt.fn(2)); err != nil || path != PathRemoteHit {
 		t.Fatalf("another epoch: path %v, %v", path, err)
 	}

@@ -62,7 +62,7 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks wa
 				}
 				if e != nil {
 					st := h.state(e)
-					h.hooks.changed(e.Key(), st)
+					h.hooks.changed(e.Key(), e.Revision(), st)
 					h.wake(e.Key(), st)
 				}
 			case <-h.quit:
@@ -136,8 +136,8 @@ func (h *watchHub) close() {
 
 // watchHooks are called on a hub's goroutine, for every change it sees.
 type watchHooks struct {
-	bad     func(error)                   // a record that does not decode
-	changed func(key string, st *current) // the key's new state; nil: no usable record (deleted, purged, expired, bad)
+	bad     func(error)                               // a record that does not decode
+	changed func(key string, rev uint64, st *current) // the key's new state at rev; nil: no usable record (deleted, purged, expired, bad)
 }
 
 // watchSet is the watchers of a Cache: one for the whole bucket, or one

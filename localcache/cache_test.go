@@ -3,6 +3,7 @@ package localcache
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -385,5 +386,22 @@ func TestInvalidateOvertakesCompute(t *testing.T) {
 	c.Release("r")
 	if log.cause("k") != CauseStore || c.Stats().Bytes != 0 {
 		t.Fatalf("cause %v, stats %+v", log.cause("k"), c.Stats())
+	}
+}
+
+// Stats' evictions read in JSON by cause name, and back.
+func TestEvictionsJSON(t *testing.T) {
+	var e Evictions
+	e[CauseStore], e[CauseTTL] = 3, 1
+	b, err := json.Marshal(e)
+	if err != nil || string(b) != `{"explicit":0,"invalidated":0,"size":0,"store":3,"ttl":1}` {
+		t.Fatalf("%s %v", b, err)
+	}
+	var back Evictions
+	if err := json.Unmarshal(b, &back); err != nil || back != e {
+		t.Fatalf("%v %v", back, err)
+	}
+	if err := json.Unmarshal([]byte(`{"weather":1}`), &back); err == nil {
+		t.Fatal("an unknown cause was read")
 	}
 }

@@ -11,7 +11,7 @@ const (
 	CauseSize Cause = iota + 1
 	// CauseTTL: its time to live ran out.
 	CauseTTL
-	// CauseInvalidated: removed by Invalidate (a weight update, a store eviction).
+	// CauseInvalidated: removed by Invalidate (a weight update).
 	CauseInvalidated
 	// CauseExplicit: removed by Remove.
 	CauseExplicit

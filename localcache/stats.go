@@ -1,5 +1,10 @@
 package localcache
 
+import (
+	"encoding/json"
+	"fmt"
+)
+
 // Stats is a snapshot of a cache's counters and size.
 type Stats struct {
 	Hits          uint64 // lookups answered by a live entry
@@ -8,8 +13,9 @@ type Stats struct {
 	ComputeErrors uint64 // computes that failed
 	Waits         uint64 // misses that joined a running compute
 	Mutations     uint64 // values found changed by the mutation guard
-	// Evictions counts entries that left, indexed by Cause.
-	Evictions [numCauses]uint64
+	// Evictions counts entries that left, indexed by Cause; in JSON, an
+	// object keyed by the causes' names.
+	Evictions Evictions
 
 	Entries     int   // live entries, pinned or not
 	Bytes       int64 // bytes held, including pinned and invalidated-but-pinned
@@ -17,6 +23,38 @@ type Stats struct {
 	PinnedBytes int64
 	InFlight    int // computes running
 	Requests    int // requests holding pins
+}
+
+// Evictions counts entries that left, indexed by Cause.
+type Evictions [numCauses]uint64
+
+// MarshalJSON writes the counts keyed by cause name ("size", "ttl", ...).
+func (e Evictions) MarshalJSON() ([]byte, error) {
+	m := make(map[string]uint64, len(e)-1)
+	for c := CauseSize; c < numCauses; c++ {
+		m[c.String()] = e[c]
+	}
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes; an unknown cause is an error.
+func (e *Evictions) UnmarshalJSON(b []byte) error {
+	var m map[string]uint64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*e = Evictions{}
+	for name, n := range m {
+		c := CauseSize
+		for c < numCauses && c.String() != name {
+			c++
+		}
+		if c == numCauses {
+			return fmt.Errorf("localcache: unknown eviction cause %q", name)
+		}
+		e[c] = n
+	}
+	return nil
 }
 
 // Evicted returns how many entries left for the given cause.

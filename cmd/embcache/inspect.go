@@ -71,7 +71,7 @@ func newLeases() *cobra.Command {
 	var tenant string
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List lease and record keys (<tenant>.<keyhex>)",
+		Short: "List lease and record keys (<tenant>.<keyhex>; invalidation tombstones <tenant>.inv.<keyhex>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			filter := ">"
@@ -105,14 +105,15 @@ func newLeases() *cobra.Command {
 	}
 	ls.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
 	get := &cobra.Command{
-		Use:   "get <tenant>.<keyhex>",
-		Short: "Print a lease record (JSON)",
+		Use:   "get <tenant>.<keyhex> | <tenant>.inv.<keyhex>",
+		Short: "Print a lease record or an invalidation's tombstone (JSON)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			t, k, ok := strings.Cut(args[0], ".")
 			if !ok || cachekey.ValidateTenant(t) != nil {
 				return usagef("key %q is not <tenant>.<keyhex>", args[0])
 			}
+			k = strings.TrimPrefix(k, "inv.") // a tombstone (docs/protocol.md 4.4)
 			if _, err := cachekey.Parse(k); err != nil {
 				return usageError{err}
 			}
