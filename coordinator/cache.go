@@ -104,6 +104,9 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.pullToShm && s.shm == nil {
 		return nil, fmt.Errorf("%w: WithPullToShm needs WithShm", ErrInvalidOption)
 	}
+	if s.payloadSweep > 0 && s.shm == nil {
+		return nil, fmt.Errorf("%w: WithPayloadSweep needs WithShm", ErrInvalidOption)
+	}
 	if s.putter == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
 		s.putter = mem

@@ -144,13 +144,13 @@ func (l *eventLink) touched(obj payload.ObjectID) {
 		return
 	}
 	m.lastTouch = now
-	e := l.touch(obj, m, now)
+	e := l.touchLocked(obj, m, now)
 	l.mu.Unlock()
 	l.publishTouch(e)
 }
 
-// touch is the touched event of obj's use at used. Call with mu held.
-func (l *eventLink) touch(obj payload.ObjectID, m *valueMeta, used time.Time) *events.Event {
+// touchLocked is the touched event of obj's use at used.
+func (l *eventLink) touchLocked(obj payload.ObjectID, m *valueMeta, used time.Time) *events.Event {
 	e := l.event(events.KindTouched, Ref{Tenant: obj.Tenant, Key: obj.Key, Model: m.model, Epoch: m.epoch})
 	loc := m.loc
 	e.Location, e.Expires = &loc, used.Add(l.c.s.storeTTL)
@@ -182,7 +182,7 @@ func (l *eventLink) flushTouches() {
 		for obj, m := range l.meta {
 			if m.lastUse.After(m.lastTouch) && now.Sub(m.lastTouch) >= l.interval {
 				m.lastTouch = now
-				owed = append(owed, l.touch(obj, m, m.lastUse))
+				owed = append(owed, l.touchLocked(obj, m, m.lastUse))
 			}
 		}
 		l.mu.Unlock()

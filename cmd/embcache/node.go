@@ -28,6 +28,7 @@ type nodeFlags struct {
 	replicas      int
 	leaseTTL      time.Duration
 	storeTTL      time.Duration
+	payloadSweep  time.Duration
 	strict        bool
 	shmMaxBytes   int64
 }
@@ -44,6 +45,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of the bucket and stream when this process creates them")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", 5*time.Second, "lease TTL")
 	fs.DurationVar(&f.storeTTL, "store-ttl", time.Hour, "committed record TTL")
+	fs.DurationVar(&f.payloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&f.strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
 	fs.Int64Var(&f.shmMaxBytes, "shm-max-bytes", 0, "budget of the shm payload store in bytes (0: the store's default)")
 }
@@ -86,6 +88,9 @@ func (f *nodeFlags) join(ctx context.Context, logger *slog.Logger, extra ...coor
 	opts := []coordinator.Option{coordinator.WithNode(f.node), coordinator.WithShm(j.store), coordinator.WithMode(mode),
 		coordinator.WithReplicas(f.replicas), coordinator.WithLeaseTTL(f.leaseTTL), coordinator.WithStoreTTL(f.storeTTL),
 		coordinator.WithLogger(logger), coordinator.WithEvents(0)}
+	if f.payloadSweep != 0 {
+		opts = append(opts, coordinator.WithPayloadSweep(f.payloadSweep))
+	}
 	if f.payloadListen != "" {
 		l, err := net.Listen("tcp", f.payloadListen)
 		if err != nil {
