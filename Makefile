@@ -52,7 +52,7 @@ test-go:
 # The Mooncake transport is cgo behind a build tag; its tests build a fake
 # libmooncake_store with gcc (on every machine of this project's kind).
 test-mooncake:
-	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/...
+	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
 ## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change; a failed schedule prints the -faults.seed that replays it.

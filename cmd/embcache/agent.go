@@ -48,19 +48,22 @@ func newAgent() *cobra.Command {
 			}
 			// Pulled values land in the store the agent answers files of:
 			// received there in one pass, not pulled into memory and copied.
-			opts := append(tel.options(), coordinator.WithComputeTimeout(computeTimeout), coordinator.WithPullToShm())
+			opts := []coordinator.Option{coordinator.WithComputeTimeout(computeTimeout), coordinator.WithPullToShm()}
 			if localMaxBytes > 0 {
 				opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(localMaxBytes)))
 			}
-			j, err := nf.join(ctx, logger, opts...)
+			n, err := nf.start(ctx, logger, tel, opts...)
 			if err != nil {
 				return err
 			}
-			defer j.close()
-			if err := waitStoreReachable(ctx, j.cache, waitStore); err != nil {
+			defer n.Close()
+			wctx, cancel := context.WithTimeout(ctx, waitStore)
+			err = n.Ready(wctx)
+			cancel()
+			if err != nil {
 				logger.Warn("embcache agent: serving without the store (computes are not shared until it is back)", "err", err)
 			}
-			srv, err := agent.New(j.cache, j.store, agent.WithLogger(logger))
+			srv, err := agent.New(n.Cache(), n.Store(), agent.WithLogger(logger))
 			if err != nil {
 				return err
 			}
@@ -74,7 +77,7 @@ func newAgent() *cobra.Command {
 				defer cancel()
 				srv.Shutdown(sctx)
 			}()
-			fmt.Fprintln(cmd.ErrOrStderr(), "embcache agent: node", nf.node, "listening on", socket)
+			fmt.Fprintln(cmd.ErrOrStderr(), "embcache agent: node", n.Name(), "listening on", socket)
 			return srv.Serve(l)
 		},
 	}
@@ -109,20 +112,4 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, err
 	}
 	return l, nil
-}
-
-// waitStoreReachable waits until c reaches the KV bucket, for at most limit.
-func waitStoreReachable(ctx context.Context, c *coordinator.Cache, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for !c.Stats().StoreReachable {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("store not reachable after %v", limit)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
 }

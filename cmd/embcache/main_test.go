@@ -106,6 +106,27 @@ func TestUsageErrorsExit2(t *testing.T) {
 	}
 }
 
+// TestPayloadMooncakeNeedsTheTag: this binary is built without -tags
+// mooncake, so asking for the transport is a usage error that says how to
+// get it, before anything connects.
+func TestPayloadMooncakeNeedsTheTag(t *testing.T) {
+	for _, cmd := range []string{"worker", "agent"} {
+		args := []string{cmd, "--payload", "mooncake", "--mooncake-master", "127.0.0.1:50051",
+			"--nats", "nats://127.0.0.1:1", "--shm-dir", t.TempDir()}
+		if cmd == "agent" {
+			args = append(args, "--socket", filepath.Join(t.TempDir(), "agent.sock"))
+		}
+		_, stderr, code := run(t, args...)
+		if code != 2 || !strings.Contains(stderr, "-tags mooncake") {
+			t.Errorf("%s --payload mooncake: exit %d, want 2 naming the tag\n%s", cmd, code, stderr)
+		}
+	}
+	if _, stderr, code := run(t, "worker", "--payload", "http", "--nats", "nats://127.0.0.1:1", "--shm-dir", t.TempDir()); code != 2 ||
+		!strings.Contains(stderr, "listen address") {
+		t.Errorf("--payload http without --payload-listen: exit %d, want 2\n%s", code, stderr)
+	}
+}
+
 // TestKeyRefusesLenientConfigs: each way of getting a config wrong exits 2
 // naming the field; a config that decoded leniently would take another's
 // key. The inputs are read as a stream: a large one costs no memory.

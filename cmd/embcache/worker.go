@@ -64,7 +64,7 @@ type workerStats struct {
 type worker struct {
 	role     string
 	node     string
-	j        *joined
+	cache    *coordinator.Cache
 	enc      *workload.Encoder
 	keyer    *cachekey.Keyer
 	requests atomic.Int64
@@ -99,16 +99,16 @@ func newWorker() *cobra.Command {
 			if tel.addr != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "embcache worker: metrics at http://%s/metrics\n", tel.addr)
 			}
-			j, err := nf.join(ctx, logger, tel.options()...)
+			n, err := nf.start(ctx, logger, tel)
 			if err != nil {
 				return err
 			}
-			defer j.close()
+			defer n.Close()
 			keyer, err := cachekey.NewKeyer(workload.Config("demo"))
 			if err != nil {
 				return err
 			}
-			w := &worker{role: role, node: nf.node, j: j, keyer: keyer,
+			w := &worker{role: role, node: n.Name(), cache: n.Cache(), keyer: keyer,
 				enc: &workload.Encoder{Bytes: int(embedMB * (1 << 20)), Wait: time.Duration(encodeMS) * time.Millisecond}}
 			if listen != "" {
 				return w.serveHTTP(ctx, listen)
@@ -147,7 +147,7 @@ func (w *worker) handle(ctx context.Context, r workRequest) workResult {
 	}
 	req := fmt.Sprintf("%s-%d-%d", w.role, r.ID, w.nextReq.Add(1))
 	forwarded := false
-	v, path, err := w.j.cache.GetOrComputePath(ctx, req, coordinator.NewRef(w.keyer.Config(), key),
+	v, path, err := w.cache.GetOrComputePath(ctx, req, coordinator.NewRef(w.keyer.Config(), key),
 		func(ctx context.Context) (*payload.Value, error) {
 			forwarded = true
 			return w.enc.Encode(ctx, input)
@@ -160,7 +160,7 @@ func (w *worker) handle(ctx context.Context, r workRequest) workResult {
 	if path == coordinator.PathRemoteHit || path == coordinator.PathWaited {
 		res.Bytes = v.Size()
 	}
-	w.j.cache.Release(req) // the request is over: the RFC's cleanup_request
+	w.cache.Release(req) // the request is over: the RFC's cleanup_request
 	return res
 }
 
@@ -197,7 +197,7 @@ func (w *worker) serveLines(ctx context.Context, in io.Reader, out io.Writer) er
 
 func (w *worker) stats() workerStats {
 	return workerStats{Role: w.role, Node: w.node, Forwards: w.enc.Forwards(),
-		Requests: w.requests.Load(), Cache: w.j.cache.Stats()}
+		Requests: w.requests.Load(), Cache: w.cache.Stats()}
 }
 
 // serveHTTP answers requests over HTTP until ctx ends.
@@ -221,7 +221,7 @@ func (w *worker) serveHTTP(ctx context.Context, addr string) error {
 		json.NewEncoder(rw).Encode(w.stats())
 	})
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
-		if !w.j.cache.Stats().StoreReachable {
+		if !w.cache.Stats().StoreReachable {
 			http.Error(rw, "store unreachable", http.StatusServiceUnavailable)
 			return
 		}

@@ -207,3 +207,21 @@ func retryFor(limit time.Duration, fn func() error) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// waitStoreReachable waits until c reaches the KV bucket, for at most
+// limit. The caches here are bare (a memory transport, no shm store), not
+// nodes; a node waits with node.Node.Ready.
+func waitStoreReachable(ctx context.Context, c *coordinator.Cache, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for !c.Stats().StoreReachable {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("store not reachable after %v", limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}

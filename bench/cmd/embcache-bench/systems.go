@@ -18,6 +18,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -94,24 +95,31 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 	case sysGroupcache:
 		return openGroupcache(cfg, computeOf)
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
-		nf := nodeConfig{natsURL: cfg.NATS, node: fmt.Sprintf("p%d", cfg.Proc), shmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
-			replicas: cfg.Replicas, leaseTTL: 5 * time.Second, storeTTL: time.Hour}
+		o := node.Options{NATSURL: cfg.NATS, Name: fmt.Sprintf("p%d", cfg.Proc), ShmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
+			Replicas: cfg.Replicas, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger,
+			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.WithMaxBytes(cfg.LocalMaxByte))}}
 		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files
-			nf.node, nf.shmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")
+			o.Name, o.ShmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")
 		} else {
-			nf.payloadListen = cfg.PeerAddrs[cfg.Proc]
+			o.PayloadListen = cfg.PeerAddrs[cfg.Proc]
 		}
-		j, err := nf.join(ctx, logger, coordinator.WithLocalCache(localcache.WithMaxBytes(cfg.LocalMaxByte)))
+		n, err := node.New(o)
 		if err != nil {
+			return nil, err
+		}
+		if err := n.Start(ctx); err != nil {
 			return nil, err
 		}
 		// Ready means sharing: a process that starts while a new R3 bucket
 		// is still electing its leader degrades until it reconnects.
-		if err := waitStoreReachable(ctx, j.cache, 30*time.Second); err != nil {
-			j.close()
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = n.Ready(rctx)
+		cancel()
+		if err != nil {
+			n.Close()
 			return nil, err
 		}
-		return &embcacheSystem{j: j}, nil
+		return &embcacheSystem{n: n}, nil
 	}
 	return nil, fmt.Errorf("unknown system %q", cfg.System)
 }
@@ -141,18 +149,18 @@ func (l *localOnly) close()           {}
 func (l *localOnly) detail() any      { return l.c.Stats() }
 
 // embcacheSystem is the real thing, joined as `embcache worker` joins.
-type embcacheSystem struct{ j *joined }
+type embcacheSystem struct{ n *node.Node }
 
 func (e *embcacheSystem) get(ctx context.Context, req string, key cachekey.Key, fn computeFunc) (*payload.Value, func(), error) {
-	v, err := e.j.cache.GetOrCompute(ctx, req, coordinator.Ref{Tenant: "bench", Key: key}, fn)
-	return v, func() { e.j.cache.Release(req) }, err
+	v, err := e.n.Cache().GetOrCompute(ctx, req, coordinator.Ref{Tenant: "bench", Key: key}, fn)
+	return v, func() { e.n.Cache().Release(req) }, err
 }
 func (e *embcacheSystem) messages() uint64 {
-	s := e.j.nc.Stats()
+	s := e.n.Conn().Stats()
 	return s.InMsgs + s.OutMsgs
 }
-func (e *embcacheSystem) close()      { e.j.close() }
-func (e *embcacheSystem) detail() any { return e.j.cache.Stats() }
+func (e *embcacheSystem) close()      { e.n.Close() }
+func (e *embcacheSystem) detail() any { return e.n.Cache().Stats() }
 
 // redisSystem is the common Redis pattern, written carefully: a local LRU
 // with single-flight in front; on a local miss, one script GETs the value's

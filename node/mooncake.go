@@ -1,0 +1,42 @@
+//go:build mooncake && cgo
+
+package node
+
+import (
+	"io"
+
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/mooncake"
+)
+
+// mooncakeBuilt says whether PayloadMooncake is in this binary.
+const mooncakeBuilt = true
+
+// mooncakeTransport is what the Cache needs of a Mooncake store, and Close.
+type mooncakeTransport interface {
+	payload.Transport
+	io.Closer
+}
+
+// openMooncake opens the Mooncake store node writes to, filling o's defaults.
+func openMooncake(node string, o MooncakeOptions) (mooncakeTransport, error) {
+	cfg := mooncake.Config{Library: o.Library, Node: node, LocalHostname: o.LocalHostname, MetadataServer: o.MetadataServer,
+		GlobalSegmentSize: o.GlobalSegmentSize, LocalBufferSize: o.LocalBufferSize, Protocol: o.Protocol,
+		DeviceName: o.DeviceName, MasterServerAddr: o.MasterServerAddr}
+	if cfg.LocalHostname == "" {
+		cfg.LocalHostname = node
+	}
+	if cfg.MetadataServer == "" {
+		cfg.MetadataServer = "P2PHANDSHAKE"
+	}
+	if cfg.Protocol == "" {
+		cfg.Protocol = "tcp"
+	}
+	if cfg.GlobalSegmentSize == 0 {
+		cfg.GlobalSegmentSize = 512 << 20
+	}
+	if cfg.LocalBufferSize == 0 {
+		cfg.LocalBufferSize = 128 << 20
+	}
+	return mooncake.Open(cfg)
+}

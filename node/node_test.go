@@ -1,0 +1,147 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/node"
+	"github.com/embcache/embcache/payload"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func startServer(t *testing.T) *embedded.Server {
+	t.Helper()
+	s, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// startNode starts a node and waits until it is ready; it closes when the test ends.
+func startNode(t *testing.T, o node.Options) *node.Node {
+	t.Helper()
+	n, err := node.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := n.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var cfg = workload.Config("acme")
+
+func ref(t *testing.T, input string) coordinator.Ref {
+	t.Helper()
+	key, err := cachekey.FromRawBytes(cfg, []byte(input))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return coordinator.NewRef(cfg, key)
+}
+
+func TestTwoNodesPullOverHTTP(t *testing.T) {
+	srv := startServer(t)
+	base := node.Options{NATSURL: srv.ClientURL(), PayloadListen: "127.0.0.1:0", LeaseTTL: time.Second}
+	a, b := base, base
+	a.Name, a.ShmDir = "a", filepath.Join(t.TempDir(), "shm")
+	b.Name, b.ShmDir = "b", filepath.Join(t.TempDir(), "shm")
+	na, nb := startNode(t, a), startNode(t, b)
+	if na.PayloadAddr() == "" || nb.Store() == nil || na.Name() != "a" {
+		t.Fatalf("addr %q store %v name %q", na.PayloadAddr(), nb.Store(), na.Name())
+	}
+
+	ctx := context.Background()
+	r := ref(t, "jpeg bytes")
+	data := bytes.Repeat([]byte{1, 2, 3, 4}, 1024)
+	v, path, err := na.Cache().GetOrComputePath(ctx, "req-a", r, func(context.Context) (*payload.Value, error) {
+		return payload.NewTensor(cachekey.Uint8, []int64{int64(len(data))}, data), nil
+	})
+	if err != nil || path != coordinator.PathComputed || !bytes.Equal(v.Tensor.Data, data) {
+		t.Fatalf("node a: path %v err %v", path, err)
+	}
+	na.Cache().Release("req-a")
+
+	v, path, err = nb.Cache().GetOrComputePath(ctx, "req-b", r, func(context.Context) (*payload.Value, error) {
+		t.Error("node b computed a committed key")
+		return nil, errors.New("computed")
+	})
+	if err != nil || path != coordinator.PathRemoteHit || !bytes.Equal(v.Tensor.Data, data) {
+		t.Fatalf("node b: path %v err %v", path, err)
+	}
+	nb.Cache().Release("req-b")
+}
+
+func TestShmByDefault(t *testing.T) {
+	srv := startServer(t)
+	n := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "solo", ShmDir: t.TempDir(), NoEvents: true})
+	if n.PayloadAddr() != "" || n.Cache() == nil || n.Conn() == nil {
+		t.Fatalf("addr %q", n.PayloadAddr())
+	}
+	if err := n.Start(context.Background()); !errors.Is(err, node.ErrStarted) {
+		t.Fatalf("second Start: %v", err)
+	}
+}
+
+func TestReadyWaitsForTheStore(t *testing.T) {
+	// No server: the node starts (degraded) and Ready gives up when ctx ends.
+	n, err := node.New(node.Options{NATSURL: "nats://127.0.0.1:1", Name: "alone", ShmDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Ready(context.Background()); !errors.Is(err, node.ErrNotStarted) {
+		t.Fatalf("Ready before Start: %v", err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := n.Ready(ctx); !errors.Is(err, node.ErrNotReady) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Ready without a server: %v", err)
+	}
+}
+
+func TestInvalidOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    node.Options
+	}{
+		{"no URL", node.Options{Name: "n"}},
+		{"no name", node.Options{NATSURL: "nats://x"}},
+		{"unknown payload", node.Options{NATSURL: "nats://x", Name: "n", Payload: "carrier-pigeon"}},
+		{"http without listen", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadHTTP}},
+		{"listen with shm", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadShm, PayloadListen: ":0"}},
+		{"negative shm budget", node.Options{NATSURL: "nats://x", Name: "n", ShmMaxBytes: -1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := node.New(tc.o); !errors.Is(err, node.ErrInvalidOption) {
+				t.Fatalf("got %v", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,161 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/shm"
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+var (
+	// ErrInvalidOption is returned by New for Options it cannot start a node from.
+	ErrInvalidOption = errors.New("node: invalid option")
+	// ErrMooncakeNotBuilt is returned by New for Payload "mooncake" in a
+	// binary built without the mooncake tag (or without cgo).
+	ErrMooncakeNotBuilt = errors.New("node: the mooncake payload transport is not in this binary: build it with cgo and -tags mooncake")
+	// ErrNotStarted is returned by Ready before Start has succeeded.
+	ErrNotStarted = errors.New("node: not started")
+	// ErrStarted is returned by a second Start.
+	ErrStarted = errors.New("node: already started")
+	// ErrNotReady is returned by Ready when ctx ends before the store answers.
+	ErrNotReady = errors.New("node: store not reachable")
+)
+
+// The payload transports a node writes with (Options.Payload).
+const (
+	PayloadShm      = payload.TransportShm      // same machine only: every reader maps this node's files
+	PayloadHTTP     = payload.TransportHTTP     // a pull server on PayloadListen; others pull over HTTP
+	PayloadMooncake = payload.TransportMooncake // Mooncake Store (needs -tags mooncake)
+)
+
+// Options say how a node joins the cluster. Name and NATSURL are required;
+// every zero value elsewhere is a default.
+type Options struct {
+	NATSURL     string        // NATS server URL(s), comma-separated
+	NATSOptions []nats.Option // credentials, TLS, ...
+	Strict      bool          // fail instead of computing locally when NATS is unreachable
+
+	Name        string // this node's name in leases, locations and shm files
+	ShmDir      string // shm payload directory (default shm.DefaultDir)
+	ShmMaxBytes int64  // shm budget in bytes (0: the store's default)
+
+	// Payload is the transport this node writes with: PayloadShm,
+	// PayloadHTTP or PayloadMooncake. Empty: PayloadHTTP when PayloadListen
+	// is set, else PayloadShm. Values in this node's shm store are read from
+	// it whatever the transport.
+	Payload       string
+	PayloadListen string          // PayloadHTTP: the pull server's address
+	Advertise     string          // PayloadHTTP: the base URL others pull from (default http://<listen address>)
+	PayloadToken  string          // PayloadHTTP: the bearer token of pulls, both ways
+	Mooncake      MooncakeOptions // PayloadMooncake: how to reach the store
+
+	Replicas     int           // of the bucket and stream when this node creates them (0: the coordinator's default)
+	LeaseTTL     time.Duration // 0: the coordinator's default
+	StoreTTL     time.Duration // committed record TTL (0: the coordinator's default)
+	PayloadSweep time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
+	NoEvents     bool          // run without the event stream (it is on by default)
+
+	Logger         *slog.Logger         // default slog.Default()
+	MeterProvider  metric.MeterProvider // default: the global provider
+	TracerProvider trace.TracerProvider // default: the global provider
+
+	// Cache holds further options for the Cache (compute timeout, local
+	// cache budget, pull to shm, ...), applied after the node's own.
+	Cache []coordinator.Option
+}
+
+// MooncakeOptions say how to reach a Mooncake Store (payload/mooncake.Config
+// without the node name, which is Options.Name).
+type MooncakeOptions struct {
+	Library           string // dlopen path (default "libmooncake_store.so")
+	MasterServerAddr  string // required, e.g. "127.0.0.1:50051"
+	MetadataServer    string // default "P2PHANDSHAKE"
+	LocalHostname     string // the address peers reach this node at (default: Name)
+	Protocol          string // "tcp" (default) or "rdma"
+	DeviceName        string // RDMA devices; "" lets Mooncake choose
+	GlobalSegmentSize uint64 // bytes this node contributes (default 512 MiB)
+	LocalBufferSize   uint64 // bytes of transfer buffer (default 128 MiB)
+}
+
+// validate checks o and fills its defaults.
+func (o *Options) validate() error {
+	if o.NATSURL == "" {
+		return fmt.Errorf("%w: no NATS URL", ErrInvalidOption)
+	}
+	if o.Name == "" {
+		return fmt.Errorf("%w: no node name", ErrInvalidOption)
+	}
+	if o.ShmDir == "" {
+		o.ShmDir = shm.DefaultDir
+	}
+	if o.ShmMaxBytes < 0 {
+		return fmt.Errorf("%w: shm budget %d < 0", ErrInvalidOption, o.ShmMaxBytes)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Payload == "" {
+		o.Payload = PayloadShm
+		if o.PayloadListen != "" {
+			o.Payload = PayloadHTTP
+		}
+	}
+	switch o.Payload {
+	case PayloadShm:
+	case PayloadHTTP:
+		if o.PayloadListen == "" {
+			return fmt.Errorf("%w: payload %s needs a listen address", ErrInvalidOption, o.Payload)
+		}
+	case PayloadMooncake:
+		if !mooncakeBuilt {
+			return ErrMooncakeNotBuilt
+		}
+		if o.Mooncake.MasterServerAddr == "" {
+			return fmt.Errorf("%w: payload %s needs the master server's address", ErrInvalidOption, o.Payload)
+		}
+	default:
+		return fmt.Errorf("%w: payload %q (want %s, %s or %s)", ErrInvalidOption, o.Payload, PayloadShm, PayloadHTTP, PayloadMooncake)
+	}
+	if o.PayloadListen != "" && o.Payload != PayloadHTTP {
+		return fmt.Errorf("%w: a payload listen address with payload %s (it serves %s)", ErrInvalidOption, o.Payload, PayloadHTTP)
+	}
+	return nil
+}
+
+// cacheOptions are the Cache's options for the node's parts.
+func (o *Options) cacheOptions() []coordinator.Option {
+	mode := coordinator.ModeDegrade
+	if o.Strict {
+		mode = coordinator.ModeStrict
+	}
+	opts := []coordinator.Option{coordinator.WithNode(o.Name), coordinator.WithMode(mode), coordinator.WithLogger(o.Logger)}
+	if o.Replicas != 0 {
+		opts = append(opts, coordinator.WithReplicas(o.Replicas))
+	}
+	if o.LeaseTTL != 0 {
+		opts = append(opts, coordinator.WithLeaseTTL(o.LeaseTTL))
+	}
+	if o.StoreTTL != 0 {
+		opts = append(opts, coordinator.WithStoreTTL(o.StoreTTL))
+	}
+	if o.PayloadSweep != 0 {
+		opts = append(opts, coordinator.WithPayloadSweep(o.PayloadSweep))
+	}
+	if !o.NoEvents {
+		opts = append(opts, coordinator.WithEvents(0))
+	}
+	if o.MeterProvider != nil {
+		opts = append(opts, coordinator.WithMeterProvider(o.MeterProvider))
+	}
+	if o.TracerProvider != nil {
+		opts = append(opts, coordinator.WithTracerProvider(o.TracerProvider))
+	}
+	return opts
+}
