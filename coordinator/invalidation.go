@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
-	"github.com/embcache/embcache/localcache"
-	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -27,17 +24,6 @@ func tombstoneKey(tenant, model string, epoch uint64) string {
 // at least as long as the event stream keeps the invalidated event.
 func tombstoneTTL(storeTTL time.Duration) time.Duration {
 	return max(events.MaxAge, 2*storeTTL)
-}
-
-// put writes r under key whatever is there, with a per-key TTL, and
-// returns the revision.
-func (s *leaseStore) put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
-	msg := &nats.Msg{Subject: "$KV." + s.bucket + "." + key, Data: r.encode()}
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
 }
 
 // invalidatedRecord reports whether rec, a committed record of tenant, was
@@ -109,40 +95,6 @@ func (c *Cache) dropInvalidated(ctx context.Context, ls *leaseStore, ref Ref, cu
 	defer cancel()
 	if err := ls.purgeFor(octx, ref.KVKey(), cur.rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
 		c.s.logger.Warn("embcache: invalidated record not purged", "key", ref.KVKey(), "err", err)
-	}
-}
-
-// recordExpiry is the local cache's WithExpiry: a value pulled or
-// committed expires with its record; any other (computed without the
-// store) slides.
-func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time, bool) {
-	t, ok := c.expiries.LoadAndDelete(obj)
-	if !ok {
-		return time.Time{}, false
-	}
-	return t.(time.Time), true
-}
-
-// recordChanged follows the bucket for the local copies: a record
-// extended extends its copy; a record gone (expired, purged, deleted)
-// takes its copy with it, unless the copy came from a later record (the
-// watcher reports a purge this process made before it computed the key
-// again).
-func (c *Cache) recordChanged(key string, rev uint64, st *current) {
-	tenant, hexKey, ok := strings.Cut(key, ".")
-	k, err := cachekey.Parse(hexKey)
-	if !ok || err != nil {
-		return // not a value's key (a tombstone, the reconciler's)
-	}
-	obj := payload.ObjectID{Tenant: tenant, Key: k}
-	switch {
-	case st == nil:
-		if l := c.eventLink(); l != nil && l.newerCopy(obj, rev) {
-			return
-		}
-		c.local.Evict(obj, localcache.CauseStore)
-	case st.record.State == StateCommitted:
-		c.local.Touch(obj, st.record.Expires)
 	}
 }
 

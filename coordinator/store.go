@@ -91,6 +91,17 @@ func (s *leaseStore) purge(ctx context.Context, key string, rev uint64) error {
 	return err
 }
 
+// put writes r under key whatever is there, with a per-key TTL, and
+// returns the revision.
+func (s *leaseStore) put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	msg := &nats.Msg{Subject: "$KV." + s.bucket + "." + key, Data: r.encode()}
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
 // purgeFor is purge with why in the purge's body, {"cause": "<cause>"}
 // (docs/protocol.md 3): the reconciler announces the eviction with that
 // cause, and a purge without one (a marker, a plain purge) as expired.

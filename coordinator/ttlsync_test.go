@@ -16,6 +16,21 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// memoryCluster is one NATS server and a payload store its "processes"
+// share.
+func memoryCluster(t *testing.T) (url string, store *payload.MemoryStore) {
+	t.Helper()
+	return startServer(t).ClientURL(), payload.NewMemoryStore("test-node", 0)
+}
+
+// activeReconciler starts a reconciler and waits until it is the active one.
+func activeReconciler(t *testing.T, url string, store payload.Transport, opts ...Option) *Reconciler {
+	t.Helper()
+	rec, _ := startReconciler(t, url, store, opts...)
+	waitFor(t, func() bool { return rec.Stats().Active })
+	return rec
+}
+
 // TestInvalidationWithoutReconciler: no reconciler runs. Once Invalidate
 // returns, no process serves a record of the invalidated model and epoch:
 // local copies go with the event, and a process that reads the record
@@ -23,9 +38,7 @@ import (
 // computes again; the recomputed value is shared as usual. Other epochs are
 // untouched.
 func TestInvalidationWithoutReconciler(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	a, b := eventCache(t, url, store), eventCache(t, url, store)
 	ctx := context.Background()
 	var cnt counter
@@ -98,9 +111,7 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 // never extended, local hits do not extend the copy, and every copy is
 // gone when the server has expired the record.
 func TestLocalCopyEndsWithItsRecord(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
@@ -144,12 +155,9 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 // record lives at least until its expires), and the copy on another
 // process that does not use it lives as long as the record, then goes.
 func TestTouchedCopyFollowsItsRecord(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
-	waitFor(t, func() bool { return rec.Stats().Active })
+	rec := activeReconciler(t, url, store, WithStoreTTL(storeTTL))
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	ctx := context.Background()
@@ -192,12 +200,9 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 // (a reader found its payload gone and purged the record), expired (its
 // TTL ran out).
 func TestOneEvictedPerEviction(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
-	waitFor(t, func() bool { return rec.Stats().Active })
+	activeReconciler(t, url, store, WithStoreTTL(storeTTL))
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	ctx := context.Background()
 
@@ -312,12 +317,9 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 // interval is not dropped by the coalescing: its touch goes out at the
 // interval's end, so the record lives one store TTL past the last use.
 func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	rec, _ := startReconciler(t, url, store, WithStoreTTL(storeTTL))
-	waitFor(t, func() bool { return rec.Stats().Active })
+	activeReconciler(t, url, store, WithStoreTTL(storeTTL))
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL), WithEvents(500*time.Millisecond))
 	ctx := context.Background()
 	var cnt counter
@@ -339,9 +341,7 @@ func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
 // an invalidation is handed to its caller, but neither kept nor shared:
 // its record goes and its copy stays out of the local cache.
 func TestComputeSpanningAnInvalidation(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	url := srv.ClientURL()
+	url, store := memoryCluster(t)
 	a, b := eventCache(t, url, store), eventCache(t, url, store)
 	ctx := context.Background()
 	started, finish := make(chan struct{}), make(chan struct{})

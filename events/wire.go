@@ -200,15 +200,20 @@ func Decode(b []byte) (e Event, err error) {
 			e, err = Event{}, badEvent(BadMalformed, "%v", r)
 		}
 	}()
-	var version struct {
-		V any `msgpack:"v"`
-	}
-	if err := msgpack.Unmarshal(b, &version); err != nil {
+	// The body's keys, once: its version, and (version 2) no nil value.
+	var fields map[string]msgpack.RawMessage
+	if err := msgpack.Unmarshal(b, &fields); err != nil {
 		return Event{}, badEvent(BadMalformed, "%v", err)
 	}
-	switch v := version.V; {
+	var v any
+	if raw := fields["v"]; len(raw) > 0 {
+		if err := msgpack.Unmarshal(raw, &v); err != nil {
+			return Event{}, badEvent(BadMalformed, "%v", err)
+		}
+	}
+	switch {
 	case isInt(v, SchemaVersion):
-		e, err = decodeV2(b)
+		e, err = decodeV2(b, fields)
 	case isInt(v, 1):
 		e, err = decodeV1(b)
 	default:
@@ -247,8 +252,8 @@ func isInt(v any, n int64) bool {
 	return false
 }
 
-func decodeV2(b []byte) (Event, error) {
-	if err := refuseNils(b, "location"); err != nil {
+func decodeV2(b []byte, fields map[string]msgpack.RawMessage) (Event, error) {
+	if err := refuseNils(fields, "location"); err != nil {
 		return Event{}, err
 	}
 	var w wireEvent
@@ -285,20 +290,20 @@ func decodeV1(b []byte) (Event, error) {
 		Time: v.Time, Expires: v.Expires, Location: v.Location, Cause: v.Cause, Reason: v.Reason}, nil
 }
 
-// refuseNils refuses a nil value in the map b, or in its map under key
+// refuseNils refuses a nil value among fields, or in the map under key
 // nested: msgpack/v5 reads nil as any field's zero value without asking the
 // field's decoder.
-func refuseNils(b []byte, nested string) error {
-	var m map[string]msgpack.RawMessage
-	if err := msgpack.Unmarshal(b, &m); err != nil {
-		return badEvent(BadMalformed, "%v", err)
-	}
-	for k, v := range m {
+func refuseNils(fields map[string]msgpack.RawMessage, nested string) error {
+	for k, v := range fields {
 		if len(v) == 0 || (len(v) == 1 && v[0] == msgpcode.Nil) {
 			return badEvent(BadInvalid, "%s is nil", k)
 		}
 		if k == nested {
-			if err := refuseNils(v, ""); err != nil {
+			var inner map[string]msgpack.RawMessage
+			if err := msgpack.Unmarshal(v, &inner); err != nil {
+				return badEvent(BadMalformed, "%v", err)
+			}
+			if err := refuseNils(inner, ""); err != nil {
 				return err
 			}
 		}
