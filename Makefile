@@ -51,8 +51,10 @@ test-go:
 
 # The Mooncake transport is cgo behind a build tag; its tests build a fake
 # libmooncake_store with gcc (on every machine of this project's kind).
+# cmd/embcache's other tests run in test-go: here only its tagged ones.
 test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
+	$(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
 ## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change; a failed schedule prints the -faults.seed that replays it.
@@ -111,7 +113,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./cachekey/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./payload/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./events/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./coordinator/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./lease/
 	$(GO) test -run '^$$' -fuzz '^FuzzServePath$$' -fuzztime $(FUZZTIME) ./payload/httppull/
 
 ## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).

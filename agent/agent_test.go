@@ -18,9 +18,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
-	"github.com/embcache/embcache/payload"
-	"github.com/embcache/embcache/payload/httppull"
-	"github.com/embcache/embcache/payload/shm"
+	embnode "github.com/embcache/embcache/node"
 	"go.uber.org/goleak"
 )
 
@@ -44,41 +42,29 @@ func startServer(t testing.TB) *embedded.Server {
 	return s
 }
 
-func startNode(t testing.TB, url, name string, opts ...coordinator.Option) *node {
+// startNode starts a node named name with an agent; edits change its
+// node's options.
+func startNode(t testing.TB, url, name string, edits ...func(*embnode.Options)) *node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "agent-test-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	store, err := shm.Open(filepath.Join(dir, "shm"), shm.WithNode(name))
+	o := embnode.Options{NATSURL: url, Name: name, ShmDir: filepath.Join(dir, "shm"), PayloadListen: "127.0.0.1:0",
+		Strict: true, LeaseTTL: time.Second, NoEvents: true}
+	for _, edit := range edits {
+		edit(&o)
+	}
+	nn, err := embnode.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if err := nn.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: httppull.NewServer(store)}
-	go hs.Serve(l)
-	t.Cleanup(func() { hs.Close() })
-	tr, err := httppull.NewTransport(name, "http://"+l.Addr().String(), store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := coordinator.Connect(url, coordinator.ModeStrict)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	cache, err := coordinator.New(context.Background(), nc, append([]coordinator.Option{coordinator.WithNode(name),
-		coordinator.WithShm(store), coordinator.WithTransport(payload.TransportHTTP, tr),
-		coordinator.WithGetter(payload.TransportShm, store), coordinator.WithLeaseTTL(time.Second),
-		coordinator.WithMode(coordinator.ModeStrict)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cache.Close() })
+	t.Cleanup(func() { nn.Close() })
+	cache, store := nn.Cache(), nn.Store()
 	srv, err := agent.New(cache, store)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
+	embnode "github.com/embcache/embcache/node"
 )
 
 // TestKeyBytes: the key of bytes sent as they are (POST /v1/key/bytes) is
@@ -119,7 +120,9 @@ func TestGetNeverReserves(t *testing.T) {
 // TestEndedReservationsSayWhy: a call on a reservation that has ended is
 // answered 410 with why (compute_timeout, reservation_ended), not a 404.
 func TestEndedReservationsSayWhy(t *testing.T) {
-	n := startNode(t, startServer(t).ClientURL(), "n1", coordinator.WithComputeTimeout(300*time.Millisecond))
+	n := startNode(t, startServer(t).ClientURL(), "n1", func(o *embnode.Options) {
+		o.Cache = []coordinator.Option{coordinator.WithComputeTimeout(300 * time.Millisecond)}
+	})
 	c := client(t, n)
 	ctx := context.Background()
 	code := func(err error) string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,15 +12,17 @@ import (
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
+	embnode "github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// pullNode is a node wired as cmd/embcache/node.go wires an agent with
-// --payload-listen: an shm store on tmpfs, served over httppull.
+// pullNode is a node as embcache agent --payload-listen starts it: an shm
+// store on tmpfs, served over httppull.
 type pullNode struct {
 	store   *shm.Store
 	cache   *coordinator.Cache
@@ -40,36 +41,17 @@ func startPullNode(b *testing.B, url, name string, opts ...coordinator.Option) *
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { os.RemoveAll(dir) })
-	store, err := shm.Open(filepath.Join(dir, "shm"), shm.WithNode(name))
+	nn, err := embnode.New(embnode.Options{NATSURL: url, Name: name, ShmDir: filepath.Join(dir, "shm"), PayloadListen: "127.0.0.1:0",
+		Strict: true, NoEvents: true, PullToShm: true, Cache: opts})
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if err := nn.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	hs := &http.Server{Handler: httppull.NewServer(store)}
-	go hs.Serve(l)
-	b.Cleanup(func() { hs.Close() })
-	n := &pullNode{store: store, payload: "http://" + l.Addr().String()}
-	tr, err := httppull.NewTransport(name, n.payload, store)
-	if err != nil {
-		b.Fatal(err)
-	}
-	nc, err := coordinator.Connect(url, coordinator.ModeStrict)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(nc.Close)
-	n.cache, err = coordinator.New(context.Background(), nc, append([]coordinator.Option{coordinator.WithNode(name),
-		coordinator.WithShm(store), coordinator.WithTransport(payload.TransportHTTP, tr),
-		coordinator.WithGetter(payload.TransportShm, store), coordinator.WithPullToShm(),
-		coordinator.WithMode(coordinator.ModeStrict)}, opts...)...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { n.cache.Close() })
-	srv, err := agent.New(n.cache, store)
+	b.Cleanup(func() { nn.Close() })
+	n := &pullNode{store: nn.Store(), cache: nn.Cache(), payload: "http://" + nn.PayloadAddr()}
+	srv, err := agent.New(n.cache, n.store)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +100,7 @@ func benchRemoteHit(b *testing.B, size int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -149,8 +131,8 @@ func benchRemoteHit(b *testing.B, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rec, err := coordinator.DecodeRecord(e.Value())
-		if err != nil || rec.State != coordinator.StateCommitted || rec.Location.Address != a.payload {
+		rec, err := lease.DecodeRecord(e.Value())
+		if err != nil || rec.State != lease.StateCommitted || rec.Location.Address != a.payload {
 			b.Fatalf("record %+v %v", rec, err)
 		}
 		b.StartTimer()

@@ -7,14 +7,15 @@ import (
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
+	embnode "github.com/embcache/embcache/node"
 )
 
 // TestRemoteHitPulledToShm: an agent whose cache pulls into its store
-// (coordinator.WithPullToShm, as cmd/embcache agent runs) answers a value
+// (node.Options.PullToShm, as cmd/embcache agent runs) answers a value
 // committed on another node with a file of its own store, bit-identical.
 func TestRemoteHitPulledToShm(t *testing.T) {
 	url := startServer(t).ClientURL()
-	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2", coordinator.WithPullToShm())
+	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2", func(o *embnode.Options) { o.PullToShm = true })
 	c1, c2 := client(t, n1), client(t, n2)
 	ctx := context.Background()
 	ref := keyOf(t, c1, "pulled-to-shm")

@@ -19,7 +19,6 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
-	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -106,7 +105,7 @@ func WithMaxBody(n int64) Option {
 }
 
 // New returns the API of cache, whose values are served from store. The
-// cache must have been built WithShm(store) so that committed values land
+// cache's payload router must have store as its node store (payload.WithNodeStore) so that committed values land
 // in it.
 func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, error) {
 	if cache == nil || store == nil {
@@ -275,7 +274,7 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		status, code = http.StatusGone, "compute_timeout"
 	case errors.Is(err, ErrReservationEnded):
 		status, code = http.StatusGone, "reservation_ended"
-	case errors.Is(err, localcache.ErrComputeTimeout):
+	case errors.Is(err, coordinator.ErrComputeTimeout):
 		status, code = http.StatusGatewayTimeout, "compute_timeout"
 	case errors.Is(err, coordinator.ErrLeaseLost):
 		status, code = http.StatusConflict, "conflict"

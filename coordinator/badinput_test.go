@@ -8,10 +8,19 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// validCommitted is a committed record that decodes.
+func validCommitted() lease.Record {
+	loc := payload.Location{Transport: "shm", Node: "n", Address: "/dev/shm/embcache",
+		Object: ref(1).Object().String(), Size: 4160, Checksum: payload.Checksum{9}}
+	now := time.Unix(1_800_000_000, 0).UTC()
+	return lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: "n/1/ab", Started: now}.Committed(loc, embedding(1), now, time.Hour)
+}
 
 // TestBadLeaseRecordsNeverServeWrongValues writes broken records under
 // keys, then asks for them: each call returns the right value (computed
@@ -22,7 +31,7 @@ func TestBadLeaseRecordsNeverServeWrongValues(t *testing.T) {
 	c := newCache(t, srv.ClientURL(), store)
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
 	ctx := context.Background()
-	kv, err := js.KeyValue(ctx, DefaultBucket)
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,9 +39,9 @@ func TestBadLeaseRecordsNeverServeWrongValues(t *testing.T) {
 	bad := map[string][]byte{
 		"garbage":         []byte("\x00\xff garbage"),
 		"wrong json":      []byte(`{"v":1,"state":`),
-		"unknown version": []byte(strings.Replace(string(good.encode()), `"v":1`, `"v":9`, 1)),
-		"unknown state":   []byte(strings.Replace(string(good.encode()), `"committed"`, `"finished"`, 1)),
-		"traversal":       []byte(strings.Replace(string(good.encode()), `"object":"acme/`, `"object":"../../`, 1)),
+		"unknown version": []byte(strings.Replace(string(good.Encode()), `"v":1`, `"v":9`, 1)),
+		"unknown state":   []byte(strings.Replace(string(good.Encode()), `"committed"`, `"finished"`, 1)),
+		"traversal":       []byte(strings.Replace(string(good.Encode()), `"object":"acme/`, `"object":"../../`, 1)),
 	}
 	var cnt counter
 	i := 40
@@ -63,7 +72,7 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 	writer := newCache(t, srv.ClientURL(), store)
 	ctx := context.Background()
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
-	kv, _ := js.KeyValue(ctx, DefaultBucket)
+	kv, _ := js.KeyValue(ctx, lease.DefaultBucket)
 	var cnt counter
 	for i, tamper := range []func(loc *payload.Location){
 		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                  // corrupt bytes (as the checksum sees them)
@@ -79,11 +88,11 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 		writer.Release("w")
 		// Rewrite the committed record with a tampered location.
 		cur := readRecord(t, writer, r)
-		rec := cur.record
+		rec := cur.Record
 		loc := *rec.Location
 		tamper(&loc)
 		rec.Location, rec.Size, rec.Checksum = &loc, loc.Size, loc.Checksum.String()
-		if _, err := kv.Update(ctx, r.KVKey(), rec.encode(), cur.rev); err != nil {
+		if _, err := kv.Update(ctx, r.KVKey(), rec.Encode(), cur.Rev); err != nil {
 			t.Fatal(err)
 		}
 		reader := newCache(t, srv.ClientURL(), store)
@@ -97,7 +106,7 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 		}
 		genuine, _ := payload.Sum(embedding(k))
 		after := readRecord(t, reader, r)
-		if !after.live || after.record.State != StateCommitted || after.record.Location.Checksum != genuine {
+		if !after.Live || after.Record.State != lease.StateCommitted || after.Record.Location.Checksum != genuine {
 			t.Fatalf("tamper %d: the key was not committed again with the genuine value", i)
 		}
 	}
@@ -158,7 +167,7 @@ func TestOversizedAndFullStores(t *testing.T) {
 		t.Fatalf("full payload store: %v %v", path, err)
 	}
 	sameValue(t, v, 2)
-	if readRecord(t, c, ref(2)).live {
+	if readRecord(t, c, ref(2)).Live {
 		t.Fatal("a value whose payload could not be written was committed")
 	}
 

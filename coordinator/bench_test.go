@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,7 +153,7 @@ func BenchmarkRemoteHit8MiB(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	writer := newCache(b, srv.ClientURL(), store, WithTransport(payload.TransportShm, store), WithShm(store))
+	writer := newCache(b, srv.ClientURL(), store, shmRoute(b, store))
 	ctx := context.Background()
 	const size = 8 << 20
 	value := payload.NewTensor(cachekey.Uint8, []int64{size}, make([]byte, size))
@@ -161,7 +162,7 @@ func BenchmarkRemoteHit8MiB(b *testing.B) {
 		b.Fatal(err)
 	}
 	js, _ := jetstream.New(connect(b, srv.ClientURL()))
-	kv, _ := js.KeyValue(ctx, DefaultBucket)
+	kv, _ := js.KeyValue(ctx, lease.DefaultBucket)
 	dst := make([]byte, size)
 	var ours, base []time.Duration
 	for i := 0; b.Loop(); i++ {
@@ -188,7 +189,7 @@ func BenchmarkRemoteHit8MiB(b *testing.B) {
 }
 
 func newCacheNoCleanup(b *testing.B, url string, store *shm.Store) *Cache {
-	c, err := New(context.Background(), connect(b, url), WithTransport(payload.TransportShm, store), WithShm(store), WithNode("test-node"))
+	c, err := New(context.Background(), connect(b, url), shmRoute(b, store), WithNode("test-node"))
 	if err != nil {
 		b.Fatal(fmt.Sprint(err))
 	}
@@ -212,13 +213,13 @@ func BenchmarkRemoteHitTombstoneCheck(b *testing.B) {
 	var ours, base []time.Duration
 	for b.Loop() {
 		t0 := time.Now()
-		cur, err := ls.read(ctx, r.KVKey())
-		if err != nil || !cur.live {
+		cur, err := ls.Read(ctx, r.KVKey())
+		if err != nil || !cur.Live {
 			b.Fatal(cur, err)
 		}
 		base = append(base, time.Since(t0))
 		t1 := time.Now()
-		if stale, err := c.invalidatedRecord(ctx, ls, r.Tenant, cur.record); err != nil || stale {
+		if stale, err := c.invalidatedRecord(ctx, ls, r.Tenant, cur.Record); err != nil || stale {
 			b.Fatal(stale, err)
 		}
 		ours = append(ours, time.Since(t1))

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
@@ -68,17 +69,18 @@ type Cache struct {
 	// local cache (payload.ObjectID -> time.Time), taken at its insertion:
 	// a local copy lives as long as its record (docs/protocol.md 4.3).
 	expiries sync.Map
-	router   *router
+	router   *payload.Router
 	owner    string
 	stats    counters
 	tel      *instruments
+	obs      observations
 
 	mu     sync.Mutex
-	ls     *leaseStore         // nil until the bucket is reachable; guarded by mu
-	hub    *watchSet           // guarded by mu
-	leases map[*Lease]struct{} // live leases; guarded by mu
-	events *eventLink          // nil unless WithEvents and the stream is reachable; guarded by mu
-	closed bool                // guarded by mu
+	b      *lease.Bucket             // nil until the bucket is reachable; guarded by mu
+	watch  *lease.Watch              // guarded by mu
+	leases map[*lease.Lease]struct{} // live leases; guarded by mu
+	events *eventLink                // nil unless WithEvents and the stream is reachable; guarded by mu
+	closed bool                      // guarded by mu
 
 	done chan struct{} // closed by Close
 	bg   sync.WaitGroup
@@ -101,28 +103,24 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.pollInterval == 0 {
 		s.pollInterval = s.leaseTTL / 5
 	}
-	if s.pullToShm && s.shm == nil {
-		return nil, fmt.Errorf("%w: WithPullToShm needs WithShm", ErrInvalidOption)
-	}
-	if s.payloadSweep > 0 && s.shm == nil {
-		return nil, fmt.Errorf("%w: WithPayloadSweep needs WithShm", ErrInvalidOption)
-	}
-	if s.putter == nil {
+	if s.router == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
-		s.putter = mem
-		s.getters[payload.TransportMemory] = mem
+		s.router, _ = payload.NewRouter(s.node, payload.TransportMemory, mem) // valid: every argument is set
 	}
-	c := &Cache{s: s, leases: make(map[*Lease]struct{}), done: make(chan struct{})}
+	if s.router.Node() != s.node {
+		return nil, fmt.Errorf("%w: the payload router is node %q's, the Cache is node %q's", ErrInvalidOption, s.router.Node(), s.node)
+	}
+	if s.payloadSweep > 0 && s.router.NodeStore() == nil {
+		return nil, fmt.Errorf("%w: WithPayloadSweep needs a node store (payload.WithNodeStore)", ErrInvalidOption)
+	}
+	c := &Cache{s: s, leases: make(map[*lease.Lease]struct{}), done: make(chan struct{})}
+	c.obs = observations{c}
 	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
 		localcache.WithExpiry(c.recordExpiry),
 		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, cause localcache.Cause) {
 			v.Close()
-			c.expiries.Delete(k)
-			c.tel.evicted(cause)
-			if l := c.eventLink(); l != nil {
-				l.forget(k)
-			}
+			c.obs.evicted(k, cause)
 		}),
 	}, s.local...)...)
 	if err != nil {
@@ -138,7 +136,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if c.tel, err = newInstruments(c, s.tracerProvider, s.meterProvider); err != nil {
 		return nil, err
 	}
-	c.router = &router{node: s.node, putter: s.putter, getters: s.getters, shm: s.shm, pullToShm: s.pullToShm}
+	c.router = s.router
 	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
 		if s.mode == ModeStrict {
@@ -148,7 +146,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 			"servers", serverNames(nc), "err", err)
 		c.bg.Go(c.reconnectLoop)
 	}
-	if every := c.payloadSweepEvery(); s.shm != nil && every > 0 {
+	if every := c.payloadSweepEvery(); s.router.NodeStore() != nil && every > 0 {
 		c.bg.Go(func() { c.sweepLoop(every) })
 	}
 	return c, nil
@@ -180,22 +178,22 @@ func serverNames(nc *nats.Conn) string {
 func (c *Cache) connectStore(ctx context.Context) error {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	ls, err := ensureBucket(octx, c.nc, c.js, c.s.bucket, c.s.replicas, c.s.markerTTL)
+	b, err := lease.OpenBucket(octx, c.nc, lease.BucketConfig{Name: c.s.bucket, Replicas: c.s.replicas,
+		MarkerTTL: c.s.markerTTL, Direct: len(c.s.tenants) > 0})
 	if err != nil {
 		return err
 	}
-	ls.direct = len(c.s.tenants) > 0
-	hub, err := startWatchSet(c.nc, ls.kv, c.s.tenants, watchHooks{bad: c.badRecordWatched, changed: c.recordChanged})
+	w, err := lease.StartWatch(b, c.s.tenants, lease.WatchHooks{Bad: c.badRecordWatched, Changed: c.recordChanged})
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		hub.close()
+		w.Close()
 		return ErrClosed
 	}
-	c.ls, c.hub = ls, hub
+	c.b, c.watch = b, w
 	c.mu.Unlock()
 	if c.s.events {
 		if err := c.startEvents(context.Background()); err != nil {
@@ -233,10 +231,10 @@ func (c *Cache) reconnectLoop() {
 	})
 }
 
-func (c *Cache) handles() (*leaseStore, *watchSet) {
+func (c *Cache) handles() (*lease.Bucket, *lease.Watch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.ls, c.hub
+	return c.b, c.watch
 }
 
 // opContext bounds one store operation by the op timeout.
@@ -259,7 +257,7 @@ func (c *Cache) GetOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // must not be written to.
 //
 // A caller whose ctx ends returns ctx.Err() while the work goes on for
-// others; past the compute timeout, waiters get localcache.ErrComputeTimeout.
+// others; past the compute timeout, waiters get ErrComputeTimeout.
 // fn's error reaches every waiter and the key is released for a retry.
 func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	start := time.Now()
@@ -281,10 +279,7 @@ func (c *Cache) localHit(req string, ref Ref) (*payload.Value, bool, error) {
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	c.stats.localHits.Add(1)
-	if l := c.eventLink(); l != nil {
-		l.touched(obj)
-	}
+	c.obs.localHit(obj)
 	return v, true, nil
 }
 
@@ -313,20 +308,20 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // resolve finds ref's value in the cluster or computes it; it runs once
 // per process per key (inside the local cache's flight).
 func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
-	ls, hub := c.handles()
-	if ls == nil {
+	b, watch := c.handles()
+	if b == nil {
 		return c.degraded(ctx, ref, fn, ErrStoreUnavailable)
 	}
 	key := ref.KVKey()
 	waited := false
-	var seen *current // a change the watcher delivered: no need to read again
+	var seen *lease.Entry // a change the watcher delivered: no need to read again
 	for attempt := 0; ; attempt++ {
-		wake, unsubscribe := hub.subscribe(key) // before the read: no change slips between
-		cur, err := c.readOrSeen(ctx, ls, key, seen)
+		wake, unsubscribe := watch.Subscribe(key) // before the read: no change slips between
+		cur, err := c.readOrSeen(ctx, b, key, seen)
 		seen = nil
 		if errors.Is(err, ErrBadRecord) {
 			c.badRecord(err)
-			if c.purgeUnreadable(ctx, ls, key, cur, err) {
+			if c.purgeUnreadable(ctx, b, key, cur, err) {
 				unsubscribe()
 				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 					return nil, PathWaited, err
@@ -339,7 +334,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			unsubscribe()
 			return c.degraded(ctx, ref, fn, err)
 		}
-		if cur.live && cur.record.State == StateComputing && c.purgeStale(ctx, ls, key, cur) {
+		if cur.Live && cur.Record.State == lease.StateComputing && c.purgeStale(ctx, b, key, cur) {
 			unsubscribe()
 			if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 				return nil, PathWaited, err
@@ -347,10 +342,10 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			continue
 		}
 		switch {
-		case !cur.live:
+		case !cur.Live:
 			unsubscribe()
-			lease, err := c.reserve(ctx, ls, ref)
-			if errors.Is(err, ErrHeld) || errors.Is(err, errLateReserve) {
+			r, err := c.reserve(ctx, b, ref)
+			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
 				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
@@ -362,13 +357,13 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				return c.degraded(ctx, ref, fn, err)
 			}
 			if attempt > 0 {
-				c.stats.takeovers.Add(1)
+				c.obs.tookOver()
 			}
-			return c.computeUnder(ctx, lease, fn)
+			return c.computeUnder(ctx, r, fn)
 
-		case cur.record.State == StateCommitted:
+		case cur.Record.State == lease.StateCommitted:
 			unsubscribe()
-			v, err := c.pull(ctx, ls, ref, cur)
+			v, err := c.pull(ctx, b, ref, cur)
 			if errors.Is(err, errInvalidated) {
 				continue // purged: compute it again
 			}
@@ -387,7 +382,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 			// Drop the record (if nobody changed it) so the key can be recomputed.
 			octx, cancel := c.opContext(ctx)
-			err = ls.purgeFor(octx, key, cur.rev, events.CauseCorrupt)
+			err = b.PurgeFor(octx, key, cur.Rev, events.CauseCorrupt)
 			cancel()
 			if err != nil && !errors.Is(err, ErrLeaseLost) {
 				return c.degraded(ctx, ref, fn, err)
@@ -396,8 +391,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		default: // computing elsewhere: wait for a change, or poll
 			if !waited {
 				waited = true
-				c.stats.waits.Add(1)
-				c.tel.leaseWaits.Add(ctx, 1)
+				c.obs.waiting(ctx)
 			}
 			t := time.NewTimer(c.s.pollInterval)
 			select {
@@ -408,7 +402,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				unsubscribe()
 				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 					return nil, PathWaited, fmt.Errorf("%w: waiting for %s (owner %s): %w",
-						localcache.ErrComputeTimeout, key, cur.record.Owner, ctx.Err())
+						ErrComputeTimeout, key, cur.Record.Owner, ctx.Err())
 				}
 				return nil, PathWaited, ctx.Err()
 			}
@@ -445,21 +439,21 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // holder or was written by hand without a TTL, and would block its key
 // forever. It is purged on its revision, so a holder that renews meanwhile
 // keeps it. Reports whether the key should be read again.
-func (c *Cache) purgeStale(ctx context.Context, ls *leaseStore, key string, cur current) bool {
-	if cur.stamp.IsZero() {
+func (c *Cache) purgeStale(ctx context.Context, b *lease.Bucket, key string, cur lease.Entry) bool {
+	if cur.Stamp.IsZero() {
 		return false
 	}
-	age := c.s.clock.Now().Sub(cur.stamp)
-	if age <= 2*max(c.s.leaseTTL, cur.ttl) {
+	age := c.s.clock.Now().Sub(cur.Stamp)
+	if age <= 2*max(c.s.leaseTTL, cur.TTL) {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)
-	err := ls.purge(octx, key, cur.rev)
+	err := b.Purge(octx, key, cur.Rev)
 	cancel()
 	if err == nil {
-		c.stats.staleTakeovers.Add(1)
+		c.obs.staleTakeover()
 		c.s.logger.Warn("embcache: stale computing record purged, taking the key over", "key", key,
-			"owner", cur.record.Owner, "age", age.Round(time.Millisecond))
+			"owner", cur.Record.Owner, "age", age.Round(time.Millisecond))
 	}
 	return err == nil || errors.Is(err, ErrLeaseLost)
 }
@@ -469,78 +463,68 @@ func (c *Cache) purgeStale(ctx context.Context, ls *leaseStore, key string, cur 
 // its key is shared again; a younger one may be a newer version's record
 // mid-upgrade, and is left alone meanwhile. Reports whether the key should
 // be read again.
-func (c *Cache) purgeUnreadable(ctx context.Context, ls *leaseStore, key string, cur current, cause error) bool {
-	if cur.rev == 0 || cur.stamp.IsZero() || c.s.clock.Now().Sub(cur.stamp) <= max(c.s.leaseTTL, cur.ttl) {
+func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string, cur lease.Entry, cause error) bool {
+	if cur.Rev == 0 || cur.Stamp.IsZero() || c.s.clock.Now().Sub(cur.Stamp) <= max(c.s.leaseTTL, cur.TTL) {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)
-	err := ls.purge(octx, key, cur.rev)
+	err := b.Purge(octx, key, cur.Rev)
 	cancel()
 	if err == nil {
-		c.stats.badRecordsPurged.Add(1)
-		c.s.logger.Warn("embcache: unreadable lease record purged", "key", key, "rev", cur.rev, "err", cause)
+		c.obs.badRecordPurged()
+		c.s.logger.Warn("embcache: unreadable lease record purged", "key", key, "rev", cur.Rev, "err", cause)
 	}
 	return err == nil || errors.Is(err, ErrLeaseLost)
 }
 
 // readOrSeen returns the state the watcher delivered, if it is a committed
 // record (the watcher reads from the stream leader), else reads the key.
-func (c *Cache) readOrSeen(ctx context.Context, ls *leaseStore, key string, seen *current) (current, error) {
-	if seen != nil && seen.live && seen.record.State == StateCommitted {
+func (c *Cache) readOrSeen(ctx context.Context, b *lease.Bucket, key string, seen *lease.Entry) (lease.Entry, error) {
+	if seen != nil && seen.Live && seen.Record.State == lease.StateCommitted {
 		return *seen, nil
 	}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	return ls.read(octx, key)
+	return b.Read(octx, key)
 }
 
 // computeUnder runs fn under lease and commits what it returns. A failed
 // fn abandons the key; a failed commit still returns the (correct) value.
-func (c *Cache) computeUnder(ctx context.Context, lease *Lease, fn ComputeFunc) (v *payload.Value, _ Path, err error) {
+func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc) (v *payload.Value, _ Path, err error) {
 	defer func() {
-		if r := recover(); r != nil {
-			lease.Abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", r))
-			panic(r) // the local cache turns it into an error for every waiter
+		if p := recover(); p != nil {
+			r.Abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", p))
+			panic(p) // the local cache turns it into an error for every waiter
 		}
 	}()
-	l := c.eventLink()
 	computeStart := time.Now()
 	v, err = fn(ctx)
-	c.tel.computeTime.Record(ctx, time.Since(computeStart).Seconds())
+	c.obs.computed(ctx, time.Since(computeStart), err)
 	if err != nil {
-		c.stats.computeErrors.Add(1)
-		if aerr := lease.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
-			c.s.logger.Warn("embcache: abandon failed; the lease will expire", "key", lease.key, "err", aerr)
+		if aerr := r.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
+			c.s.logger.Warn("embcache: abandon failed; the lease will expire", "key", r.l.Key(), "err", aerr)
 		}
-		if l != nil {
-			l.abandoned(lease.ref, err)
-		}
+		c.obs.abandoned(r.ref, err)
 		return nil, PathComputed, err
 	}
-	c.stats.computes.Add(1)
-	loc, err := lease.Commit(context.WithoutCancel(ctx), v)
+	loc, err := r.Commit(context.WithoutCancel(ctx), v)
 	if err != nil {
-		c.s.logger.Warn("embcache: value computed but not committed", "key", lease.key, "err", err)
+		c.s.logger.Warn("embcache: value computed but not committed", "key", r.l.Key(), "err", err)
 		if !errors.Is(err, ErrLeaseLost) {
-			lease.Abandon(context.WithoutCancel(ctx), err)
+			r.Abandon(context.WithoutCancel(ctx), err)
 		}
-		if l != nil {
-			l.note(lease.ref)
-		}
+		c.obs.unshared(r.ref)
 		return v, PathComputed, nil
 	}
-	c.expiries.Store(lease.ref.Object(), lease.expires())
-	if l != nil {
-		l.published(lease.ref, loc, lease.expires(), lease.Revision())
-	}
+	rec := r.l.Record()
+	c.obs.published(r.ref, loc, rec.Expires, r.Revision())
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After
 	// published, so that an event arriving from now on finds the copy.
-	if ls, _ := c.handles(); ls != nil {
-		rec := lease.record()
-		if stale, err := c.invalidatedRecord(ctx, ls, lease.ref.Tenant, rec); err == nil && stale {
-			c.dropInvalidated(ctx, ls, lease.ref, current{rev: lease.Revision()})
-			obj := lease.ref.Object()
+	if b, _ := c.handles(); b != nil {
+		if stale, err := c.invalidatedRecord(ctx, b, r.ref.Tenant, rec); err == nil && stale {
+			c.dropInvalidated(ctx, b, r.ref, lease.Entry{Rev: r.Revision()})
+			obj := r.ref.Object()
 			c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
 		}
 	}
@@ -553,18 +537,14 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	if c.s.mode == ModeStrict {
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
-	c.stats.degraded.Add(1)
+	c.obs.degraded()
 	computeStart := time.Now()
 	v, err := fn(ctx)
-	c.tel.computeTime.Record(ctx, time.Since(computeStart).Seconds())
+	c.obs.computed(ctx, time.Since(computeStart), err)
 	if err != nil {
-		c.stats.computeErrors.Add(1)
 		return nil, PathDegraded, err
 	}
-	c.stats.computes.Add(1)
-	if l := c.eventLink(); l != nil {
-		l.note(ref) // an invalidation of its model and epoch drops it too
-	}
+	c.obs.unshared(ref)
 	return v, PathDegraded, nil
 }
 
@@ -573,51 +553,44 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 // committed the key; ErrStoreUnavailable that the store cannot be reached;
 // ErrLeaseLost that the reservation was acknowledged too late to trust
 // (try again).
-func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Lease, error) {
+func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
 	if err := c.validate(ref); err != nil {
 		return nil, err
 	}
-	ls, _ := c.handles()
-	if ls == nil {
+	b, _ := c.handles()
+	if b == nil {
 		return nil, ErrStoreUnavailable
 	}
-	return c.reserve(ctx, ls, ref)
+	return c.reserve(ctx, b, ref)
 }
 
-func (c *Cache) reserve(ctx context.Context, ls *leaseStore, ref Ref) (*Lease, error) {
+func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reservation, error) {
 	var nonce [8]byte
 	rand.Read(nonce[:])
 	now := time.Now()
-	rec := Record{V: RecordVersion, State: StateComputing, Owner: c.owner, Nonce: hex.EncodeToString(nonce[:]),
+	rec := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: c.owner, Nonce: hex.EncodeToString(nonce[:]),
 		Started: now, Heartbeat: now, Model: ref.Model, Epoch: ref.Epoch}
-	key := ref.KVKey()
-	octx, cancel := c.opContext(ctx)
-	sent := c.s.clock.Now()
-	rev, err := ls.create(octx, key, rec, c.s.leaseTTL)
-	cancel()
+	l, err := lease.Acquire(ctx, b, ref.KVKey(), rec, lease.Config{TTL: c.s.leaseTTL, OpTimeout: c.s.opTimeout,
+		Clock: c.s.clock, Hooks: c.leaseHooks()})
 	if err != nil {
 		return nil, err
 	}
-	if late := c.s.clock.Now().Sub(sent.Add(c.s.leaseTTL)); late >= 0 {
-		c.stats.lateWrites.Add(1)
-		octx, cancel := c.opContext(ctx)
-		ls.purge(octx, key, rev)
-		cancel()
-		return nil, fmt.Errorf("%w: %s acknowledged %v after its lease TTL", errLateReserve, key, late)
-	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		ls.purge(context.Background(), key, rev)
+	closed := c.closed
+	select {
+	case <-l.Done(): // already lost: its Ended hook may have run
+	default:
+		if !closed {
+			c.leases[l] = struct{}{} // forgotten by the Ended hook, which waits for mu
+		}
+	}
+	c.mu.Unlock()
+	if closed {
+		l.Abandon(context.Background())
 		return nil, ErrClosed
 	}
-	rec.Reserved = rev // carried by the renewals and the commit
-	l := newLease(c, ls, ref, key, rev, rec, sent)
-	c.leases[l] = struct{}{}
-	if o := c.s.observer; o != nil {
-		o.Reserved(ref, rev)
-	}
-	return l, nil
+	c.obs.reserved(ref, l.Revision())
+	return &Reservation{c: c, ref: ref, l: l}, nil
 }
 
 // validate checks ref, and that this Cache serves its tenant.
@@ -631,7 +604,7 @@ func (c *Cache) validate(ref Ref) error {
 	return nil
 }
 
-func (c *Cache) forget(l *Lease) {
+func (c *Cache) forget(l *lease.Lease) {
 	c.mu.Lock()
 	delete(c.leases, l)
 	c.mu.Unlock()
@@ -656,18 +629,18 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	close(c.done)
-	hub := c.hub
-	leases := make([]*Lease, 0, len(c.leases))
+	watch := c.watch
+	leases := make([]*lease.Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)
 	}
 	c.mu.Unlock()
 	c.bg.Wait()
 	for _, l := range leases {
-		l.stopHeartbeats()
+		l.Stop()
 	}
-	if hub != nil {
-		hub.close()
+	if watch != nil {
+		watch.Close()
 	}
 	for _, r := range c.tel.registrations {
 		r.Unregister()
@@ -689,26 +662,16 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint
 		return fmt.Errorf("%w: %q", ErrTenant, tenant)
 	}
 	l := c.eventLink()
-	ls, _ := c.handles()
-	if l == nil || ls == nil {
+	b, _ := c.handles()
+	if l == nil || b == nil {
 		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
 	}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	e, err := invalidate(octx, ls, l.pub, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
+	e, err := invalidate(octx, b, l.pub, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
 	if err != nil {
 		return err
 	}
 	l.apply(*e)
 	return nil
-}
-
-// EventStats returns the event publisher's and subscriber's counters, or
-// false without the event stream.
-func (c *Cache) EventStats() (events.PublisherStats, uint64, bool) {
-	l := c.eventLink()
-	if l == nil {
-		return events.PublisherStats{}, 0, false
-	}
-	return l.pub.Stats(), l.sub.Bad(), true
 }

@@ -3,14 +3,14 @@ package coordinator
 import (
 	"context"
 	"errors"
-	"github.com/nats-io/nats.go/jetstream"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/embedded"
-	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestComputeOnceThenHits(t *testing.T) {
@@ -135,14 +135,14 @@ func TestZombieCommitIsRefused(t *testing.T) {
 	a := newCache(t, srv.ClientURL(), store)
 	b := newCache(t, srv.ClientURL(), store)
 	ctx := context.Background()
-	lease, err := a.Reserve(ctx, ref(7))
+	res, err := a.Reserve(ctx, ref(7))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Reserve(ctx, ref(7)); !errors.Is(err, ErrHeld) {
 		t.Fatalf("second reserve: %v", err)
 	}
-	lease.stopHeartbeats() // a is paused past its lease
+	res.l.Stop() // a is paused past its lease
 	// b waits, sees the lease expire (server TTL), takes over and commits.
 	var cnt counter
 	v, path, err := b.GetOrComputePath(ctx, "b", ref(7), cnt.fn(7))
@@ -155,11 +155,11 @@ func TestZombieCommitIsRefused(t *testing.T) {
 	}
 	// a wakes up and tries to commit another value: the fencing refuses it.
 	zombie := embedding(99)
-	if _, err := lease.Commit(ctx, zombie); !errors.Is(err, ErrLeaseLost) {
+	if _, err := res.Commit(ctx, zombie); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("zombie commit: %v", err)
 	}
 	select {
-	case <-lease.Done():
+	case <-res.Done():
 	default:
 		t.Fatal("lost lease not done")
 	}
@@ -182,20 +182,20 @@ func TestHeartbeatsKeepLeaseAlive(t *testing.T) {
 	a := newCache(t, srv.ClientURL(), store, WithLeaseTTL(2*time.Second))
 	b := newCache(t, srv.ClientURL(), store, WithLeaseTTL(2*time.Second), WithComputeTimeout(3*time.Second))
 	ctx := context.Background()
-	lease, err := a.Reserve(ctx, ref(8))
+	res, err := a.Reserve(ctx, ref(8))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// b waits past one and a half lease TTLs; a's heartbeats keep it holding.
 	var cnt counter
 	_, err = b.GetOrCompute(ctx, "b", ref(8), cnt.fn(8))
-	if !errors.Is(err, localcache.ErrComputeTimeout) {
+	if !errors.Is(err, ErrComputeTimeout) {
 		t.Fatalf("waiter: %v", err)
 	}
 	if cnt.n[8].Load() != 0 {
 		t.Fatal("b computed while a held a live lease")
 	}
-	if _, err := lease.Commit(ctx, embedding(8)); err != nil {
+	if _, err := res.Commit(ctx, embedding(8)); err != nil {
 		t.Fatalf("commit after heartbeats: %v", err)
 	}
 }
@@ -257,7 +257,7 @@ func TestDegradeThenResume(t *testing.T) {
 	waitFor(t, func() bool {
 		octx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
-		kv, err := js.KeyValue(octx, DefaultBucket)
+		kv, err := js.KeyValue(octx, lease.DefaultBucket)
 		if err != nil {
 			return false
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,16 +28,7 @@ func TestR3LeaderLossDuringBurst(t *testing.T) {
 	}
 	defer cl.Shutdown()
 
-	var commitsMu sync.Mutex
-	commits := map[Ref]int{}
-	onCommit := func(s *settings) error {
-		s.onCommit = func(r Ref, _ uint64) {
-			commitsMu.Lock()
-			commits[r]++
-			commitsMu.Unlock()
-		}
-		return nil
-	}
+	commits := &commitCounter{n: map[Ref]int{}}
 	store := payload.NewMemoryStore("test-node", 0)
 	caches := make([]*Cache, 3)
 	for i, n := range cl.Nodes {
@@ -48,8 +40,8 @@ func TestR3LeaderLossDuringBurst(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		c, err := New(ctx, nc, WithReplicas(3), WithTransport(payload.TransportMemory, store),
-			WithLeaseTTL(2*time.Second), WithOpTimeout(time.Second), WithNode("test-node"), onCommit)
+		c, err := New(ctx, nc, WithReplicas(3), route(t, payload.TransportMemory, store),
+			WithLeaseTTL(2*time.Second), WithOpTimeout(time.Second), WithNode("test-node"), WithObserver(commits))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +51,7 @@ func TestR3LeaderLossDuringBurst(t *testing.T) {
 	nc, _ := cl.Connect()
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	leader, err := cl.StreamLeader(ctx, js, "KV_"+DefaultBucket)
+	leader, err := cl.StreamLeader(ctx, js, "KV_"+lease.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,12 +85,14 @@ func TestR3LeaderLossDuringBurst(t *testing.T) {
 	<-stopLeader
 	leader.Shutdown()
 	wg.Wait()
-	for r, n := range commits {
+	commits.mu.Lock()
+	for r, n := range commits.n {
 		if n > 1 {
 			t.Errorf("%v committed %d times", r, n)
 		}
 	}
-	t.Logf("leader %s stopped; %d commits, %d caller errors", leader.Name(), len(commits), failures.Load())
+	t.Logf("leader %s stopped; %d commits, %d caller errors", leader.Name(), len(commits.n), failures.Load())
+	commits.mu.Unlock()
 
 	if err := leader.Restart(); err != nil {
 		t.Fatal(err)
@@ -120,4 +114,18 @@ func TestR3LeaderLossDuringBurst(t *testing.T) {
 			t.Fatalf("sharing did not resume: %v %v", path, err)
 		}
 	}
+}
+
+// commitCounter is an Observer that counts the commits of each key.
+type commitCounter struct {
+	mu sync.Mutex
+	n  map[Ref]int
+}
+
+func (c *commitCounter) Reserved(Ref, uint64)       {}
+func (c *commitCounter) Refused(Ref, uint64, error) {}
+func (c *commitCounter) Committed(r Ref, _ uint64, _ payload.Checksum) {
+	c.mu.Lock()
+	c.n[r]++
+	c.mu.Unlock()
 }

@@ -51,7 +51,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		Logger: c.s.logger,
 		OnBad: func(r events.BadReason) {
 			c.stats.eventsBad.Add(1)
-			c.tel.eventBad(r)
+			c.tel.EventBad(r)
 		},
 	}
 	if len(c.s.tenants) > 0 {
@@ -62,7 +62,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	}
 	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) {
 		c.stats.eventsDecoded.Add(1)
-		c.tel.eventDecoded(e.Kind)
+		c.tel.EventDecoded(e.Kind)
 		l.apply(e)
 	})
 	if err != nil {
@@ -224,7 +224,7 @@ func (l *eventLink) apply(e events.Event) {
 		// did); a recompute may have put the value back under its name.
 		if e.Location != nil && e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt {
 			ctx, cancel := c.opContext(context.Background())
-			c.router.putter.Delete(ctx, *e.Location)
+			c.router.Writer().Delete(ctx, *e.Location)
 			cancel()
 		}
 	case events.KindInvalidated:

@@ -8,15 +8,17 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // reconciler starts a reconciler on its own connection; stop ends it.
-func startReconciler(t *testing.T, url string, store payload.Transport, opts ...Option) (r *Reconciler, stop func()) {
+func startReconciler(t *testing.T, url string, store payload.Transport, opts ...reconciler.Option) (r *reconciler.Reconciler, stop func()) {
 	t.Helper()
-	base := []Option{WithTransport(payload.TransportMemory, store), WithNode("test-node"), WithLeaseTTL(time.Second)}
-	r, err := NewReconciler(connect(t, url), append(base, opts...)...)
+	base := []reconciler.Option{reconciler.WithPayload(payload.TransportMemory, store), reconciler.WithNode("test-node"), reconciler.WithLeaseTTL(time.Second)}
+	r, err := reconciler.New(connect(t, url), append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,10 +35,10 @@ func eventCache(t *testing.T, url string, store payload.Transport, opts ...Optio
 	return newCache(t, url, store, append([]Option{WithEvents(200 * time.Millisecond)}, opts...)...)
 }
 
-func readRecord(t *testing.T, c *Cache, r Ref) current {
+func readRecord(t *testing.T, c *Cache, r Ref) lease.Entry {
 	t.Helper()
 	ls, _ := c.handles()
-	cur, err := ls.read(context.Background(), r.KVKey())
+	cur, err := ls.Read(context.Background(), r.KVKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +53,7 @@ func TestTouchesKeepStoreRecordAlive(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
 	const storeTTL = 2 * time.Second
-	rec, _ := startReconciler(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
+	rec, _ := startReconciler(t, srv.ClientURL(), store)
 	waitFor(t, func() bool { return rec.Stats().Active })
 	a := eventCache(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
 	b := eventCache(t, srv.ClientURL(), store, WithStoreTTL(storeTTL))
@@ -61,7 +63,7 @@ func TestTouchesKeepStoreRecordAlive(t *testing.T) {
 		t.Fatal(path, err)
 	}
 	a.Release("r")
-	first := readRecord(t, a, ref(1)).record.Expires
+	first := readRecord(t, a, ref(1)).Record.Expires
 
 	// The workload: a hit every 100ms for twice the store TTL.
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -73,14 +75,14 @@ func TestTouchesKeepStoreRecordAlive(t *testing.T) {
 	}
 	tick.Stop()
 	cur := readRecord(t, a, ref(1))
-	if !cur.live || cur.record.State != StateCommitted || !cur.record.Expires.After(first.Add(storeTTL)) {
-		t.Fatalf("record not kept alive: live=%v expires %v (first %v)", cur.live, cur.record.Expires, first)
+	if !cur.Live || cur.Record.State != lease.StateCommitted || !cur.Record.Expires.After(first.Add(storeTTL)) {
+		t.Fatalf("record not kept alive: live=%v expires %v (first %v)", cur.Live, cur.Record.Expires, first)
 	}
 	if rec.Stats().Touches == 0 {
 		t.Fatal("no touch applied")
 	}
 	// Hits stop: the record expires, the reconciler removes the payload.
-	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live && store.Bytes() == 0 })
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live && store.Bytes() == 0 })
 	_, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1))
 	if err != nil || path != PathComputed {
 		t.Fatalf("B after expiry: %v %v", path, err)
@@ -204,7 +206,7 @@ func TestReplayMatchesRunningSystem(t *testing.T) {
 	st, _, _ := events.Replay(ctx, js)
 	for obj := range st.Live(time.Now()) {
 		cur := readRecord(t, a, Ref{Tenant: obj.Tenant, Key: obj.Key})
-		if !cur.live || cur.record.State != StateCommitted {
+		if !cur.Live || cur.Record.State != lease.StateCommitted {
 			t.Fatalf("replay says %v is live; the store disagrees", obj)
 		}
 	}
@@ -249,7 +251,7 @@ func TestInvalidationIsExact(t *testing.T) {
 		if got := b.local.Contains(r.Object()); got == stale {
 			t.Errorf("%s: in b's cache = %v", name, got)
 		}
-		if live := readRecord(t, a, r).live; live == stale {
+		if live := readRecord(t, a, r).Live; live == stale {
 			t.Errorf("%s: record live = %v", name, live)
 		}
 	}
@@ -273,7 +275,7 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { _, bad, _ := a.EventStats(); return bad == 4 })
+	waitFor(t, func() bool { return a.Stats().EventsBad == 4 })
 	var cnt counter
 	if _, path, err := a.GetOrComputePath(ctx, "r", ref(5), cnt.fn(5)); err != nil || path != PathComputed {
 		t.Fatal(path, err)

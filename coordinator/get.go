@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 )
@@ -26,12 +27,12 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 		return v, PathLocalHit, nil
 	}
 	obj := ref.Object()
-	ls, _ := c.handles()
-	if ls == nil {
+	b, _ := c.handles()
+	if b == nil {
 		return nil, 0, ErrStoreUnavailable
 	}
 	octx, cancel := c.opContext(ctx)
-	cur, err := ls.read(octx, ref.KVKey())
+	cur, err := b.Read(octx, ref.KVKey())
 	cancel()
 	if errors.Is(err, ErrBadRecord) {
 		c.badRecord(err)
@@ -40,13 +41,13 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	if !cur.live || cur.record.State != StateCommitted {
+	if !cur.Live || cur.Record.State != lease.StateCommitted {
 		return nil, 0, ErrNotCached
 	}
 	// Through a flight of its own, so that concurrent gets share one pull;
 	// never through another's, which may be a compute (a wait).
 	v, err = c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
-		return c.pull(cctx, ls, ref, cur)
+		return c.pull(cctx, b, ref, cur)
 	})
 	if errors.Is(err, localcache.ErrInFlight) {
 		return nil, 0, ErrNotCached
@@ -64,39 +65,25 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 // The check comes after the fetch and the note of the value's model and
 // epoch, so an invalidation is seen either here (its tombstone) or by the
 // event that will drop the copy (docs/protocol.md 4.4).
-func (c *Cache) pull(ctx context.Context, ls *leaseStore, ref Ref, cur current) (*payload.Value, error) {
-	rec := cur.record
+func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.Entry) (*payload.Value, error) {
+	rec := cur.Record
 	start := time.Now()
-	v, err := c.router.get(ctx, *rec.Location)
+	v, err := c.router.Get(ctx, *rec.Location)
 	if err != nil {
-		c.stats.payloadErrors.Add(1)
-		c.tel.pullFailed(err)
-		c.s.logger.Warn("embcache: committed payload unreadable", "key", ref.KVKey(),
-			"location", rec.Location.Object, "node", rec.Location.Node, "err", err)
+		c.obs.pullFailed(ref, *rec.Location, err)
 		return nil, err
 	}
-	l := c.eventLink()
-	if l != nil {
-		l.noteAt(ref, *rec.Location, cur.rev)
-	}
-	stale, err := c.invalidatedRecord(ctx, ls, ref.Tenant, rec)
+	c.obs.fetched(ref, *rec.Location, cur.Rev)
+	stale, err := c.invalidatedRecord(ctx, b, ref.Tenant, rec)
 	if err != nil || stale {
 		v.Close()
-		if l != nil {
-			l.forget(ref.Object())
-		}
+		c.obs.dropped(ref.Object())
 		if err != nil {
 			return nil, &tombstoneError{err}
 		}
-		c.dropInvalidated(ctx, ls, ref, cur)
+		c.dropInvalidated(ctx, b, ref, cur)
 		return nil, errInvalidated
 	}
-	c.expiries.Store(ref.Object(), rec.Expires)
-	c.stats.remoteHits.Add(1)
-	c.tel.pullBytes.Add(ctx, rec.Location.Size)
-	c.tel.pullTime.Record(ctx, time.Since(start).Seconds())
-	if l != nil {
-		l.touched(ref.Object()) // a pull is a use
-	}
+	c.obs.pulled(ctx, ref, *rec.Location, rec.Expires, time.Since(start))
 	return v, nil
 }

@@ -9,8 +9,8 @@ import (
 // up. The bucket stays open across reconnects, so the first alone would
 // say yes while the server is gone.
 func (c *Cache) storeReachable() bool {
-	ls, _ := c.handles()
-	return ls != nil && c.nc.IsConnected()
+	b, _ := c.handles()
+	return b != nil && c.nc.IsConnected()
 }
 
 // Ping reports whether the store is usable now: the bucket is open, the

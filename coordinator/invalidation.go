@@ -8,65 +8,23 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// tombstoneKey is the KV key of the invalidation of a tenant's model and
-// epoch: <tenant>.inv.<invalidation key>. Its three tokens keep it apart
-// from every value's key (<tenant>.<keyhex>).
-func tombstoneKey(tenant, model string, epoch uint64) string {
-	return tenant + ".inv." + events.InvalidationKey(model, epoch).String()
-}
-
-// tombstoneTTL is how long a tombstone lives: longer than any record it
-// refuses, which expire within a store TTL once nothing extends them, and
-// at least as long as the event stream keeps the invalidated event.
-func tombstoneTTL(storeTTL time.Duration) time.Duration {
-	return max(events.MaxAge, 2*storeTTL)
-}
 
 // invalidatedRecord reports whether rec, a committed record of tenant, was
 // reserved before the latest invalidation of its model and epoch: the
 // tombstone's revision is later than the reservation's. The tombstone is
 // read from the stream leader, so an Invalidate that has returned is seen.
-func (c *Cache) invalidatedRecord(ctx context.Context, ls *leaseStore, tenant string, rec Record) (bool, error) {
+func (c *Cache) invalidatedRecord(ctx context.Context, b *lease.Bucket, tenant string, rec lease.Record) (bool, error) {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	stale, err := ls.invalidated(octx, tenant, rec)
+	stale, err := b.Invalidated(octx, tenant, rec)
 	if errors.Is(err, ErrBadRecord) {
 		c.badRecord(err) // maybe a newer version's tombstone: not shared, not purged
 	}
 	return stale, err
-}
-
-// invalidated reports whether rec, a committed record of tenant, was
-// reserved before the latest invalidation of its model and epoch (the
-// tombstone's revision is later than rec.Reserved). A tombstone that does
-// not decode is an error wrapping ErrBadRecord.
-func (s *leaseStore) invalidated(ctx context.Context, tenant string, rec Record) (bool, error) {
-	rev, err := s.tombstone(ctx, tenant, rec.Model, rec.Epoch)
-	return rev > rec.Reserved, err
-}
-
-// tombstone returns the revision of the tombstone of tenant's model and
-// epoch, or 0 if there is none, read from the stream leader (a direct
-// get in tenant mode: see docs/protocol.md 4.4).
-func (s *leaseStore) tombstone(ctx context.Context, tenant, model string, epoch uint64) (uint64, error) {
-	if model == "" {
-		return 0, nil // nothing can invalidate it
-	}
-	tomb, err := s.read(ctx, tombstoneKey(tenant, model, epoch))
-	if err != nil {
-		return 0, err
-	}
-	if !tomb.live {
-		return 0, nil
-	}
-	if tomb.record.State != StateInvalidated {
-		return 0, fmt.Errorf("%w: %s is not a tombstone", ErrBadRecord, tombstoneKey(tenant, model, epoch))
-	}
-	return tomb.rev, nil
 }
 
 // errInvalidated is a pulled record refused (and purged) because its model
@@ -85,15 +43,11 @@ func (e *tombstoneError) Unwrap() error { return e.err }
 // dropInvalidated removes a committed record that an invalidation made
 // stale (if nobody changed it meanwhile), so the key is computed again,
 // and forgets what its pull noted for the local cache.
-func (c *Cache) dropInvalidated(ctx context.Context, ls *leaseStore, ref Ref, cur current) {
-	c.stats.invalidatedRecords.Add(1)
-	c.expiries.Delete(ref.Object())
-	if l := c.eventLink(); l != nil {
-		l.forget(ref.Object())
-	}
+func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.Entry) {
+	c.obs.invalidatedRecord(ref)
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	if err := ls.purgeFor(octx, ref.KVKey(), cur.rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := b.PurgeFor(octx, ref.KVKey(), cur.Rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
 		c.s.logger.Warn("embcache: invalidated record not purged", "key", ref.KVKey(), "err", err)
 	}
 }
@@ -118,23 +72,22 @@ func Invalidate(ctx context.Context, nc *nats.Conn, tenant, model string, epoch 
 	if err != nil {
 		return err
 	}
-	kv, err := js.KeyValue(ctx, s.bucket)
+	b, err := lease.BindBucket(ctx, nc, lease.BucketConfig{Name: s.bucket, MarkerTTL: s.markerTTL})
 	if err != nil {
-		return fmt.Errorf("%w: bucket %s: %w", ErrStoreUnavailable, s.bucket, err)
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if _, err := js.Stream(ctx, events.StreamName); err != nil {
 		return fmt.Errorf("%w: event stream: %w", ErrStoreUnavailable, err)
 	}
 	pub := events.NewPublisher(js, 1, 1, s.logger)
 	defer pub.Close(context.WithoutCancel(ctx))
-	ls := &leaseStore{nc: nc, js: js, kv: kv, bucket: s.bucket, markerTTL: s.markerTTL}
-	_, err = invalidate(ctx, ls, pub, s.node+"/invalidate", s.node, tenant, model, epoch, s.storeTTL)
+	_, err = invalidate(ctx, b, pub, s.node+"/invalidate", s.node, tenant, model, epoch, s.storeTTL)
 	return err
 }
 
 // invalidate writes the tombstone, then publishes the event, and returns
 // the event.
-func invalidate(ctx context.Context, ls *leaseStore, pub *events.Publisher, owner, node, tenant, model string,
+func invalidate(ctx context.Context, b *lease.Bucket, pub *events.Publisher, owner, node, tenant, model string,
 	epoch uint64, storeTTL time.Duration) (*events.Event, error) {
 	if err := cachekey.ValidateTenant(tenant); err != nil {
 		return nil, fmt.Errorf("coordinator: invalidate: %w", err)
@@ -143,9 +96,9 @@ func invalidate(ctx context.Context, ls *leaseStore, pub *events.Publisher, owne
 		return nil, errors.New("coordinator: invalidate: no model")
 	}
 	now := time.Now()
-	tomb := Record{V: RecordVersion, State: StateInvalidated, Owner: owner, Started: now, Heartbeat: now,
+	tomb := lease.Record{V: lease.RecordVersion, State: lease.StateInvalidated, Owner: owner, Started: now, Heartbeat: now,
 		Model: model, Epoch: epoch}
-	if _, err := ls.put(ctx, tombstoneKey(tenant, model, epoch), tomb, tombstoneTTL(storeTTL)); err != nil {
+	if _, err := b.Put(ctx, lease.TombstoneKey(tenant, model, epoch), tomb, lease.TombstoneTTL(storeTTL)); err != nil {
 		return nil, err
 	}
 	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,

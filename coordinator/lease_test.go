@@ -7,30 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/fakeclock"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// manualClock is a clock the test moves; lease deadlines are measured
-// with it, while the server keeps real time (its TTLs are long here).
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newManualClock() *manualClock { return &manualClock{now: time.Now()} }
-
-func (m *manualClock) Now() time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.now
-}
-
-func (m *manualClock) Advance(d time.Duration) {
-	m.mu.Lock()
-	m.now = m.now.Add(d)
-	m.mu.Unlock()
-}
 
 // offsetClock runs at real speed, ahead of the server by d.
 type offsetClock time.Duration
@@ -68,7 +49,7 @@ const longLease = 30 * time.Second
 // whose lease store calls' answers pass through hooks (one call each).
 type leaseTest struct {
 	c     *Cache
-	clock *manualClock
+	clock *fakeclock.Clock
 	obs   *recorder
 	mu    sync.Mutex
 	hooks map[string]func(error) error // by op: "write", "read"
@@ -77,7 +58,7 @@ type leaseTest struct {
 func newLeaseTest(t *testing.T, opts ...Option) *leaseTest {
 	t.Helper()
 	srv := startServer(t)
-	lt := &leaseTest{clock: newManualClock(), obs: &recorder{}, hooks: map[string]func(error) error{}}
+	lt := &leaseTest{clock: fakeclock.New(time.Now()), obs: &recorder{}, hooks: map[string]func(error) error{}}
 	answered := func(s *settings) error {
 		s.answered = func(op string, err error) error {
 			lt.mu.Lock()
@@ -104,10 +85,10 @@ func (lt *leaseTest) onNext(op string, h func(error) error) {
 	lt.mu.Unlock()
 }
 
-func (lt *leaseTest) read(t *testing.T, key string) current {
+func (lt *leaseTest) read(t *testing.T, key string) lease.Entry {
 	t.Helper()
 	ls, _ := lt.c.handles()
-	cur, err := ls.read(context.Background(), key)
+	cur, err := ls.Read(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,23 +100,23 @@ func (lt *leaseTest) read(t *testing.T, key string) current {
 func TestCommitPastDeadlineIsRefused(t *testing.T) {
 	lt := newLeaseTest(t)
 	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(1))
+	res, err := lt.c.Reserve(ctx, ref(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev := lease.Revision()
+	rev := res.Revision()
 	lt.clock.Advance(longLease)
-	if _, err := lease.Commit(ctx, embedding(1)); !errors.Is(err, ErrLeaseLost) {
+	if _, err := res.Commit(ctx, embedding(1)); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("commit past the deadline: %v, want ErrLeaseLost", err)
 	}
 	cur := lt.read(t, ref(1).KVKey())
-	if !cur.live || cur.rev != rev || cur.record.State != StateComputing {
+	if !cur.Live || cur.Rev != rev || cur.Record.State != lease.StateComputing {
 		t.Fatalf("server state %+v, want the computing record at %d", cur, rev)
 	}
 	if s := lt.c.Stats(); s.CommitsRefused != 1 || len(lt.obs.committed) != 0 || len(lt.obs.refused) != 1 {
 		t.Fatalf("refused %d, observed committed %v refused %v", s.CommitsRefused, lt.obs.committed, lt.obs.refused)
 	}
-	if lease.Err() == nil {
+	if res.Err() == nil {
 		t.Fatal("lease not lost")
 	}
 }
@@ -145,15 +126,15 @@ func TestCommitPastDeadlineIsRefused(t *testing.T) {
 func TestLateCommitAckIsNotTrusted(t *testing.T) {
 	lt := newLeaseTest(t)
 	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(2))
+	res, err := lt.c.Reserve(ctx, ref(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lt.onNext("write", func(err error) error { lt.clock.Advance(longLease); return err }) // a slow answer
-	if _, err := lease.Commit(ctx, embedding(2)); !errors.Is(err, ErrLeaseLost) {
+	if _, err := res.Commit(ctx, embedding(2)); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("late commit: %v, want ErrLeaseLost", err)
 	}
-	if cur := lt.read(t, ref(2).KVKey()); !cur.live || cur.record.State != StateCommitted {
+	if cur := lt.read(t, ref(2).KVKey()); !cur.Live || cur.Record.State != lease.StateCommitted {
 		t.Fatalf("the server should hold the (untrusted) commit: %+v", cur)
 	}
 	s := lt.c.Stats()
@@ -162,54 +143,12 @@ func TestLateCommitAckIsNotTrusted(t *testing.T) {
 	}
 }
 
-// A renewal tried past the deadline ends the lease without a write.
-func TestRenewalPastDeadlineEndsLease(t *testing.T) {
-	lt := newLeaseTest(t)
-	lease, err := lt.c.Reserve(context.Background(), ref(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev := lease.Revision()
-	lt.clock.Advance(longLease)
-	if _, ok := lease.beat(context.Background()); ok {
-		t.Fatal("renewal past the deadline kept the lease")
-	}
-	assertLost(t, lease)
-	if cur := lt.read(t, ref(3).KVKey()); cur.rev != rev {
-		t.Fatalf("a write went out: revision %d, want %d", cur.rev, rev)
-	}
-	if lt.c.Stats().LeasesLost != 1 {
-		t.Fatal("lost lease not counted")
-	}
-}
-
-// A renewal acknowledged at or after the deadline ends the lease, and the
-// record it made is purged so that waiters need not wait out its TTL.
-func TestLateRenewalEndsLease(t *testing.T) {
-	lt := newLeaseTest(t)
-	lease, err := lt.c.Reserve(context.Background(), ref(4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lt.onNext("write", func(err error) error { lt.clock.Advance(longLease); return err })
-	if _, ok := lease.beat(context.Background()); ok {
-		t.Fatal("late renewal kept the lease")
-	}
-	assertLost(t, lease)
-	if cur := lt.read(t, ref(4).KVKey()); cur.live {
-		t.Fatalf("late renewal's record left live: %+v", cur)
-	}
-	if s := lt.c.Stats(); s.LateWrites != 1 || s.LeasesLost != 1 {
-		t.Fatalf("late %d lost %d", s.LateWrites, s.LeasesLost)
-	}
-}
-
 // A commit whose answer was lost but which landed is found by reading the
 // key back, and claimed once: no second write.
 func TestCommitWithLostAckIsSettled(t *testing.T) {
 	lt := newLeaseTest(t)
 	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(5))
+	res, err := lt.c.Reserve(ctx, ref(5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,18 +158,18 @@ func TestCommitWithLostAckIsSettled(t *testing.T) {
 		}
 		return context.DeadlineExceeded // it landed; its answer did not come back
 	})
-	if _, err := lease.Commit(ctx, embedding(5)); err != nil {
+	if _, err := res.Commit(ctx, embedding(5)); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
 	cur := lt.read(t, ref(5).KVKey())
-	if !cur.live || cur.record.State != StateCommitted || cur.rev != lease.Revision() {
-		t.Fatalf("server %+v, lease at %d", cur, lease.Revision())
+	if !cur.Live || cur.Record.State != lease.StateCommitted || cur.Rev != res.Revision() {
+		t.Fatalf("server %+v, res at %d", cur, res.Revision())
 	}
-	if len(lt.obs.committed) != 1 || lt.obs.committed[0] != cur.rev {
-		t.Fatalf("observed commits %v, want [%d]", lt.obs.committed, cur.rev)
+	if len(lt.obs.committed) != 1 || lt.obs.committed[0] != cur.Rev {
+		t.Fatalf("observed commits %v, want [%d]", lt.obs.committed, cur.Rev)
 	}
-	if s := streamState(t, lt.c); s.LastSeq != cur.rev {
-		t.Fatalf("stream last sequence %d: a second write after the commit at %d", s.LastSeq, cur.rev)
+	if s := streamState(t, lt.c); s.LastSeq != cur.Rev {
+		t.Fatalf("stream last sequence %d: a second write after the commit at %d", s.LastSeq, cur.Rev)
 	}
 }
 
@@ -239,29 +178,17 @@ func TestCommitWithLostAckIsSettled(t *testing.T) {
 func TestLostAckProvenTooLateIsRefused(t *testing.T) {
 	lt := newLeaseTest(t)
 	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(6))
+	res, err := lt.c.Reserve(ctx, ref(6))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lt.onNext("write", func(error) error { return context.DeadlineExceeded })            // landed; no answer
 	lt.onNext("read", func(err error) error { lt.clock.Advance(longLease); return err }) // a slow read-back
-	if _, err := lease.Commit(ctx, embedding(6)); !errors.Is(err, ErrLeaseLost) {
+	if _, err := res.Commit(ctx, embedding(6)); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("commit proven late: %v, want ErrLeaseLost", err)
 	}
 	if len(lt.obs.committed) != 0 {
 		t.Fatalf("claimed %v", lt.obs.committed)
-	}
-}
-
-func assertLost(t *testing.T, l *Lease) {
-	t.Helper()
-	select {
-	case <-l.Done():
-	default:
-		t.Fatal("lease not ended")
-	}
-	if !errors.Is(l.Err(), ErrLeaseLost) {
-		t.Fatalf("lease error %v, want ErrLeaseLost", l.Err())
 	}
 }
 
@@ -290,7 +217,7 @@ func TestStaleComputingRecordIsTakenOver(t *testing.T) {
 	if _, err := fresh.Reserve(context.Background(), ref(7)); !errors.Is(err, ErrHeld) {
 		t.Fatalf("fresh foreign record: %v, want ErrHeld", err)
 	}
-	// Three lease TTLs later (by this process's clock), it is.
+	// Three res TTLs later (by this process's clock), it is.
 	later := newCache(t, srv.ClientURL(), store, WithClock(offsetClock(3*time.Second)))
 	var cnt counter
 	v, path, err := later.GetOrComputePath(context.Background(), "r", ref(7), cnt.fn(7))
@@ -334,45 +261,8 @@ func TestUnreadableRecordIsPurged(t *testing.T) {
 func putRecord(t *testing.T, c *Cache, key string, b []byte) {
 	t.Helper()
 	ls, _ := c.handles()
-	if _, err := ls.kv.Put(context.Background(), key, b); err != nil {
+	if _, err := ls.KV().Put(context.Background(), key, b); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// The server keeps TTLs in whole seconds and truncates a fraction: what
-// is sent is rounded up, so no message expires before its writer's deadline.
-func TestWholeSeconds(t *testing.T) {
-	for _, c := range []struct{ in, want time.Duration }{
-		{time.Millisecond, time.Second}, {time.Second, time.Second},
-		{1500 * time.Millisecond, 2 * time.Second}, {time.Hour, time.Hour}, {time.Hour + 1, time.Hour + time.Second},
-	} {
-		if got := wholeSeconds(c.in); got != c.want {
-			t.Errorf("wholeSeconds(%v) = %v, want %v", c.in, got, c.want)
-		}
-	}
-}
-
-// A renewal whose answer was lost but which landed is adopted before the
-// commit, which then goes on the renewal's revision.
-func TestRenewalWithLostAckIsAdopted(t *testing.T) {
-	lt := newLeaseTest(t)
-	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(9))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reserved := lease.Revision()
-	lt.onNext("write", func(error) error { return context.DeadlineExceeded })
-	if next, ok := lease.beat(ctx); !ok || next >= longLease/3 {
-		t.Fatalf("a renewal with an unknown outcome: next %v, kept %v; want a sooner retry", next, ok)
-	}
-	if _, err := lease.Commit(ctx, embedding(9)); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
-	cur := lt.read(t, ref(9).KVKey())
-	if cur.record.State != StateCommitted || cur.rev != reserved+2 || lease.Revision() != cur.rev {
-		t.Fatalf("server at %d (%v), lease at %d; want the commit right after the renewal at %d",
-			cur.rev, cur.record.State, lease.Revision(), reserved+1)
 	}
 }
 
@@ -381,48 +271,15 @@ func TestRenewalWithLostAckIsAdopted(t *testing.T) {
 func TestLostAckNotProvenByDirectRead(t *testing.T) {
 	lt := newLeaseTest(t, WithTenants("acme"))
 	ctx := context.Background()
-	lease, err := lt.c.Reserve(ctx, ref(10))
+	res, err := lt.c.Reserve(ctx, ref(10))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lt.onNext("write", func(error) error { return context.DeadlineExceeded })
-	if _, err := lease.Commit(ctx, embedding(10)); !errors.Is(err, ErrLeaseLost) {
+	if _, err := res.Commit(ctx, embedding(10)); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("commit proven by a direct read: %v, want ErrLeaseLost", err)
 	}
 	if len(lt.obs.committed) != 0 {
 		t.Fatalf("claimed %v", lt.obs.committed)
-	}
-}
-
-// A commit whose caller gave up while its answer was lost, and which
-// landed, is found by the next renewal: the lease ends, and the committed
-// record is not written over with a computing one.
-func TestRenewalFindsLandedCommit(t *testing.T) {
-	lt := newLeaseTest(t)
-	lease, err := lt.c.Reserve(context.Background(), ref(11))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	lt.onNext("write", func(error) error { cancel(); return context.DeadlineExceeded })
-	if _, err := lease.Commit(ctx, embedding(11)); err == nil || errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("commit: %v, want the unknown outcome the caller gave up on", err)
-	}
-	committed := lt.read(t, ref(11).KVKey())
-	for range 3 {
-		if _, ok := lease.beat(context.Background()); !ok {
-			break
-		}
-	}
-	select {
-	case <-lease.Done():
-	default:
-		t.Fatal("lease still renewing a committed record")
-	}
-	if lease.Err() != nil {
-		t.Fatalf("lease error %v", lease.Err())
-	}
-	if cur := lt.read(t, ref(11).KVKey()); cur.rev != committed.rev || cur.record.State != StateCommitted {
-		t.Fatalf("record at %d (%v), want the commit at %d untouched", cur.rev, cur.record.State, committed.rev)
 	}
 }

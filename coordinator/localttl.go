@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 )
@@ -27,7 +28,7 @@ func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time,
 // takes its copy with it, unless the copy came from a later record (the
 // watcher reports a purge this process made before it computed the key
 // again).
-func (c *Cache) recordChanged(key string, rev uint64, st *current) {
+func (c *Cache) recordChanged(key string, rev uint64, st *lease.Entry) {
 	tenant, hexKey, ok := strings.Cut(key, ".")
 	k, err := cachekey.Parse(hexKey)
 	if !ok || err != nil {
@@ -40,7 +41,7 @@ func (c *Cache) recordChanged(key string, rev uint64, st *current) {
 			return
 		}
 		c.local.Evict(obj, localcache.CauseStore)
-	case st.record.State == StateCommitted:
-		c.local.Touch(obj, st.record.Expires)
+	case st.Record.State == lease.StateCommitted:
+		c.local.Touch(obj, st.Record.Expires)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
@@ -38,11 +39,27 @@ func connect(t testing.TB, url string) *nats.Conn {
 	return nc
 }
 
+// route is the payload plane of node "test-node" writing with w, a
+// transport of kind.
+func route(t testing.TB, kind string, w payload.Transport, opts ...payload.RouterOption) Option {
+	t.Helper()
+	r, err := payload.NewRouter("test-node", kind, w, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return WithPayload(r)
+}
+
+// shmRoute is the payload plane of node "test-node" writing to its shm store.
+func shmRoute(t testing.TB, store *shm.Store) Option {
+	return route(t, payload.TransportShm, store, payload.WithNodeStore(store))
+}
+
 // newCache is one "process": its own connection and local cache; the
 // payload store is shared, as shm is between processes of one node.
 func newCache(t testing.TB, url string, store payload.Transport, opts ...Option) *Cache {
 	t.Helper()
-	base := []Option{WithTransport(payload.TransportMemory, store), WithLeaseTTL(time.Second), WithNode("test-node")}
+	base := []Option{route(t, payload.TransportMemory, store), WithLeaseTTL(time.Second), WithNode("test-node")}
 	c, err := New(context.Background(), connect(t, url), append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)

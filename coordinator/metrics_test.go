@@ -9,7 +9,9 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go/jetstream"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -28,7 +30,7 @@ func newMeter(t *testing.T) meter {
 	return meter{mp, r}
 }
 
-// counts returns every int64 sum of the package's scope, keyed
+// counts returns every int64 sum of the Cache's and the reconciler's scopes, keyed
 // name{attr=value,...} with the attributes in order.
 func (m meter) counts(t *testing.T) map[string]int64 {
 	t.Helper()
@@ -38,7 +40,7 @@ func (m meter) counts(t *testing.T) map[string]int64 {
 	}
 	out := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != ScopeName {
+		if sm.Scope.Name != ScopeName && sm.Scope.Name != reconciler.ScopeName {
 			continue
 		}
 		for _, mt := range sm.Metrics {
@@ -91,7 +93,7 @@ func TestJunkIsCounted(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
 	mr, mc := newMeter(t), newMeter(t)
-	rec, _ := startReconciler(t, srv.ClientURL(), store, WithMeterProvider(mr))
+	rec, _ := startReconciler(t, srv.ClientURL(), store, reconciler.WithMeterProvider(mr))
 	// Its first sweep comes once its consumer and watcher run.
 	waitFor(t, func() bool { return rec.Stats().Active && rec.Stats().Sweeps > 0 })
 	c := eventCache(t, srv.ClientURL(), store, WithMeterProvider(mc))
@@ -119,7 +121,7 @@ func TestJunkIsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	kv, err := js.KeyValue(ctx, DefaultBucket)
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +166,7 @@ func TestJunkIsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Release("w")
-	loc := *readRecord(t, c, ref(1)).record.Location
+	loc := *readRecord(t, c, ref(1)).Record.Location
 	if err := store.Delete(ctx, loc); err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
-	"github.com/embcache/embcache/payload/shm"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -49,11 +49,8 @@ type settings struct {
 	retryInterval  time.Duration
 	mode           Mode
 	node           string
-	putter         payload.Transport
-	getters        map[string]payload.Transport
+	router         *payload.Router
 	payloadSweep   time.Duration
-	shm            *shm.Store
-	pullToShm      bool
 	local          []localcache.Option
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
@@ -63,7 +60,6 @@ type settings struct {
 	touchInterval  time.Duration
 	eventReplicas  int
 	clock          Clock
-	onCommit       func(Ref, uint64)                // test hook: a commit landed at this revision
 	answered       func(op string, err error) error // test hook: sees (and may replace) the answer to a lease's "write" or "read" before it is judged
 	observer       Observer
 }
@@ -88,7 +84,7 @@ func defaults() settings {
 		host = "node"
 	}
 	return settings{
-		bucket:         DefaultBucket,
+		bucket:         lease.DefaultBucket,
 		replicas:       1,
 		leaseTTL:       5 * time.Second,
 		storeTTL:       time.Hour,
@@ -97,7 +93,6 @@ func defaults() settings {
 		computeTimeout: localcache.DefaultComputeTimeout,
 		retryInterval:  time.Second,
 		node:           host,
-		getters:        map[string]payload.Transport{},
 		logger:         slog.Default(),
 		clock:          systemClock{},
 	}
@@ -181,7 +176,7 @@ func WithStoreTTL(d time.Duration) Option {
 }
 
 // WithPayloadSweep sets how often this process removes the files of its
-// shm store (WithShm) whose value no committed record names any more:
+// node store (payload.WithNodeStore) whose value no committed record names:
 // expired or invalidated while no reconciler ran, or left by a commit that
 // failed. A file is kept while it is younger than one interval (a commit
 // may be about to name it). Default: half the store TTL, between 30 s and
@@ -209,7 +204,7 @@ func WithPollInterval(d time.Duration) Option {
 }
 
 // WithComputeTimeout bounds a compute and the wait for one (default 30s);
-// waiters past it get localcache.ErrComputeTimeout.
+// waiters past it get ErrComputeTimeout.
 func WithComputeTimeout(d time.Duration) Option {
 	return func(s *settings) error { s.computeTimeout = d; return positive("compute timeout", d) }
 }
@@ -236,47 +231,18 @@ func WithNode(node string) Option {
 	}
 }
 
-// WithTransport sets the transport this node writes values with; reads of
-// Locations of the same kind ("shm", "http", "mooncake", "memory") use it too.
-func WithTransport(kind string, t payload.Transport) Option {
+// WithPayload sets the node's payload plane: the transport values are
+// written with, the transports that read other nodes' Locations, and the
+// node's own store (default: an in-memory store, which shares values only
+// within this process).
+func WithPayload(r *payload.Router) Option {
 	return func(s *settings) error {
-		if t == nil || kind == "" {
-			return fmt.Errorf("%w: transport needs a kind and a value", ErrInvalidOption)
+		if r == nil {
+			return fmt.Errorf("%w: nil payload router", ErrInvalidOption)
 		}
-		s.putter = t
-		s.getters[kind] = t
+		s.router = r
 		return nil
 	}
-}
-
-// WithGetter adds a transport for reading Locations of another kind.
-func WithGetter(kind string, t payload.Transport) Option {
-	return func(s *settings) error {
-		if t == nil || kind == "" {
-			return fmt.Errorf("%w: getter needs a kind and a value", ErrInvalidOption)
-		}
-		s.getters[kind] = t
-		return nil
-	}
-}
-
-// WithShm lets values written on this node be read straight from the shm
-// store, whatever transport their Location names.
-func WithShm(store *shm.Store) Option {
-	return func(s *settings) error { s.shm = store; return nil }
-}
-
-// WithPullToShm makes values pulled from other nodes land in the WithShm
-// store: each is streamed into a file there, hashed as it is written and
-// put in place only if it matches its Location's checksum, then read from
-// that file; the process holds no copy of its own. A file received before
-// is read without a pull. Without room in the store, the value is pulled
-// into memory as without this option. The files stay when the value
-// leaves this process's cache, as every file of the store does until it
-// is deleted: for a node agent, which hands its processes shm files anyway.
-// It needs WithShm.
-func WithPullToShm() Option {
-	return func(s *settings) error { s.pullToShm = true; return nil }
 }
 
 // WithLocalCache passes options to the in-process cache (budget, TTL, clock).

@@ -40,12 +40,14 @@ func newShmNode(t *testing.T, name string, opts ...shm.Option) *shmNode {
 	return &shmNode{name: name, store: store, tr: tr, srv: srv}
 }
 
-// cache is a process of the node.
-func (n *shmNode) cache(t *testing.T, url string, opts ...Option) *Cache {
+// cache is a process of the node, writing with the pull transport.
+func (n *shmNode) cache(t *testing.T, url string, opts ...payload.RouterOption) *Cache {
 	t.Helper()
-	c, err := New(context.Background(), connect(t, url), append([]Option{WithNode(n.name), WithShm(n.store),
-		WithTransport(payload.TransportHTTP, n.tr), WithGetter(payload.TransportShm, n.store),
-		WithLeaseTTL(time.Second)}, opts...)...)
+	r, err := payload.NewRouter(n.name, payload.TransportHTTP, n.tr, append([]payload.RouterOption{payload.WithNodeStore(n.store)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(context.Background(), connect(t, url), WithNode(n.name), WithPayload(r), WithLeaseTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestPullToShm(t *testing.T) {
 	if _, err := a.cache(t, url).GetOrCompute(ctx, "r", ref(1), n.fn(1)); err != nil {
 		t.Fatal(err)
 	}
-	b1 := b.cache(t, url, WithPullToShm())
+	b1 := b.cache(t, url, payload.WithPullToNodeStore())
 	v, path, err := b1.GetOrComputePath(ctx, "r", ref(1), noCompute(t))
 	if err != nil || path != PathRemoteHit {
 		t.Fatalf("%v %v", path, err)
@@ -94,7 +96,7 @@ func TestPullToShm(t *testing.T) {
 		t.Fatal("the pulled value is not in b's store")
 	}
 	a.srv.Close() // nothing more to pull from
-	b2 := b.cache(t, url, WithPullToShm())
+	b2 := b.cache(t, url, payload.WithPullToNodeStore())
 	v, path, err = b2.GetOrComputePath(ctx, "r", ref(1), noCompute(t))
 	if err != nil || path != PathRemoteHit {
 		t.Fatalf("second process of b: %v %v", path, err)
@@ -126,7 +128,7 @@ func TestPullToShmRefusesCorruptPayload(t *testing.T) {
 	f.WriteAt([]byte{0xff}, 200)
 	f.Close()
 
-	bc := b.cache(t, url, WithPullToShm())
+	bc := b.cache(t, url, payload.WithPullToNodeStore())
 	var recomputed bool
 	v, p, err := bc.GetOrComputePath(ctx, "r", ref(2), func(context.Context) (*payload.Value, error) {
 		if got := b.fileOf(ref(2).Object()); got != nil {
@@ -162,7 +164,7 @@ func TestPullToShmFallsBack(t *testing.T) {
 	}
 
 	full := newShmNode(t, "b", shm.WithMaxBytes(1000))
-	v, path, err := full.cache(t, url, WithPullToShm()).GetOrComputePath(ctx, "r", ref(3), noCompute(t))
+	v, path, err := full.cache(t, url, payload.WithPullToNodeStore()).GetOrComputePath(ctx, "r", ref(3), noCompute(t))
 	if err != nil || path != PathRemoteHit {
 		t.Fatalf("no room: %v %v", path, err)
 	}
@@ -175,7 +177,7 @@ func TestPullToShmFallsBack(t *testing.T) {
 	if _, err := taken.store.Put(ctx, ref(4).Object(), embedding(9)); err != nil {
 		t.Fatal(err)
 	}
-	v, path, err = taken.cache(t, url, WithPullToShm()).GetOrComputePath(ctx, "r", ref(4), noCompute(t))
+	v, path, err = taken.cache(t, url, payload.WithPullToNodeStore()).GetOrComputePath(ctx, "r", ref(4), noCompute(t))
 	if err != nil || path != PathRemoteHit {
 		t.Fatalf("name taken: %v %v", path, err)
 	}
@@ -186,8 +188,8 @@ func TestPullToShmFallsBack(t *testing.T) {
 }
 
 func TestPullToShmNeedsShm(t *testing.T) {
-	url := startServer(t).ClientURL()
-	if _, err := New(context.Background(), connect(t, url), WithPullToShm()); !errors.Is(err, ErrInvalidOption) {
-		t.Fatalf("without WithShm: %v", err)
+	_, err := payload.NewRouter("n", payload.TransportMemory, payload.NewMemoryStore("n", 0), payload.WithPullToNodeStore())
+	if !errors.Is(err, payload.ErrInvalidOption) {
+		t.Fatalf("without a node store: %v", err)
 	}
 }

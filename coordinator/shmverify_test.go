@@ -21,7 +21,7 @@ func TestFlippedShmByteIsRecomputed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := []Option{WithTransport(payload.TransportShm, store), WithShm(store)}
+	opts := []Option{shmRoute(t, store)}
 	var cnt counter
 	const k = 70
 	r := ref(k)

@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"github.com/embcache/embcache/events"
 	"sync/atomic"
 
+	"github.com/embcache/embcache/internal/telemetry"
 	"github.com/embcache/embcache/localcache"
 )
 
@@ -57,12 +59,16 @@ type Stats struct {
 	// (a partition) shows here only once the client's pings fail, minutes
 	// later; Ping asks the server.
 	StoreReachable bool
-	Local          localcache.Stats
+	// Events is true while the event stream is in use (WithEvents, and
+	// the stream reachable); Publisher has its publisher's counters.
+	Events    bool
+	Publisher events.PublisherStats
+	Local     localcache.Stats
 }
 
 // Stats returns a snapshot.
 func (c *Cache) Stats() Stats {
-	return Stats{
+	s := Stats{
 		LocalHits: c.stats.localHits.Load(), RemoteHits: c.stats.remoteHits.Load(),
 		Computes: c.stats.computes.Load(), ComputeErrors: c.stats.computeErrors.Load(),
 		Waits: c.stats.waits.Load(), Takeovers: c.stats.takeovers.Load(),
@@ -76,17 +82,19 @@ func (c *Cache) Stats() Stats {
 		StoreReachable: c.storeReachable(),
 		Local:          c.local.Stats(),
 	}
+	if l := c.eventLink(); l != nil {
+		s.Events, s.Publisher = true, l.pub.Stats()
+	}
+	return s
 }
 
 // badRecord counts a record that did not decode when read.
 func (c *Cache) badRecord(err error) {
-	c.stats.badRecords.Add(1)
-	c.tel.recordBad(err, opRead)
+	c.obs.badRecord(err, telemetry.OpRead)
 }
 
 // badRecordWatched counts a record that did not decode when the watcher
 // saw it written.
 func (c *Cache) badRecordWatched(err error) {
-	c.stats.badRecordsWatched.Add(1)
-	c.tel.recordBad(err, opWatch)
+	c.obs.badRecord(err, telemetry.OpWatch)
 }

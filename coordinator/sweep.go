@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/embcache/embcache/lease"
 )
 
 // payloadSweepEvery is the payload sweep's interval (WithPayloadSweep);
@@ -39,12 +41,12 @@ func (c *Cache) sweepLoop(every time.Duration) {
 // a node may sweep the same directory: a removal is checked against the
 // file's checksum, so it never takes a file put in place since.
 func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
-	ls, _ := c.handles()
-	if ls == nil {
+	b, _ := c.handles()
+	if b == nil {
 		return 0
 	}
 	removed := 0
-	for f := range c.s.shm.Files() {
+	for f := range c.router.NodeStore().Files() {
 		obj, _ := f.Location.ObjectID()
 		if time.Since(f.ModTime) < minAge || (len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, obj.Tenant)) {
 			continue
@@ -55,18 +57,18 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 		default:
 		}
 		octx, cancel := c.opContext(ctx)
-		cur, err := ls.read(octx, obj.Tenant+"."+obj.Key.String())
+		cur, err := b.Read(octx, obj.Tenant+"."+obj.Key.String())
 		cancel()
-		if err != nil || (cur.live && cur.record.State != StateCommitted) ||
-			(cur.live && cur.record.Checksum == f.Location.Checksum.String()) {
+		if err != nil || (cur.Live && cur.Record.State != lease.StateCommitted) ||
+			(cur.Live && cur.Record.Checksum == f.Location.Checksum.String()) {
 			continue
 		}
 		octx, cancel = c.opContext(ctx)
-		err = c.s.shm.Delete(octx, f.Location)
+		err = c.router.NodeStore().Delete(octx, f.Location)
 		cancel()
 		if err == nil {
 			removed++
-			c.stats.payloadsSwept.Add(1)
+			c.obs.swept()
 		}
 	}
 	return removed

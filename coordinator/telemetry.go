@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/telemetry"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"go.opentelemetry.io/otel"
@@ -20,7 +20,7 @@ const ScopeName = "github.com/embcache/embcache/coordinator"
 
 // instruments are a Cache's metrics, in one place.
 type instruments struct {
-	decodeInstruments
+	*telemetry.Decode
 	tracer        trace.Tracer
 	requests      metric.Int64Counter     // by path
 	computeTime   metric.Float64Histogram // seconds
@@ -43,7 +43,7 @@ func newInstruments(c *Cache, tp trace.TracerProvider, mp metric.MeterProvider) 
 	m := mp.Meter(ScopeName)
 	in := &instruments{tracer: tp.Tracer(ScopeName)}
 	var err error
-	if in.decodeInstruments, err = newDecodeInstruments(m); err != nil {
+	if in.Decode, err = telemetry.NewDecode(m); err != nil {
 		return nil, err
 	}
 	if in.pullErrors, err = m.Int64Counter("embcache.pull.errors", metric.WithUnit("{pull}"),
@@ -92,7 +92,8 @@ func newInstruments(c *Cache, tp trace.TracerProvider, mp metric.MeterProvider) 
 		return nil, err
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if ps, _, ok := c.EventStats(); ok {
+		if l := c.eventLink(); l != nil {
+			ps := l.pub.Stats()
 			o.ObserveInt64(queue, int64(ps.Queued))
 			o.ObserveInt64(dropped, int64(ps.Dropped))
 		}
@@ -173,147 +174,16 @@ func pullReason(err error) string {
 	return pullOther
 }
 
-// decodeInstruments count what a process decodes from the stream and the
-// bucket, and what it cannot. A Cache and a Reconciler each make them; on
-// one MeterProvider they are the same instruments.
-type decodeInstruments struct {
-	eventsDecoded metric.Int64Counter // by kind
-	eventsBad     metric.Int64Counter // by reason
-	recordsBad    metric.Int64Counter // by reason and op
-}
-
-func newDecodeInstruments(m metric.Meter) (decodeInstruments, error) {
-	var d decodeInstruments
-	var err error
-	if d.eventsDecoded, err = m.Int64Counter("embcache.events.decoded", metric.WithUnit("{event}"),
-		metric.WithDescription("events this process received from the stream and decoded, by kind")); err != nil {
-		return d, err
-	}
-	if d.eventsBad, err = m.Int64Counter("embcache.events.bad", metric.WithUnit("{event}"),
-		metric.WithDescription("events this process received that did not decode (skipped), by reason")); err != nil {
-		return d, err
-	}
-	if d.recordsBad, err = m.Int64Counter("embcache.records.bad", metric.WithUnit("{record}"),
-		metric.WithDescription("lease records that did not decode, by reason and by op: read (a key read) or watch (a change seen)")); err != nil {
-		return d, err
-	}
-	// Every series is exported from the start, at 0 until it moves.
-	ctx := context.Background()
-	for _, k := range events.Kinds() {
-		d.eventsDecoded.Add(ctx, 0, kindAttrs[k])
-	}
-	for _, r := range events.BadReasons() {
-		d.eventsBad.Add(ctx, 0, reasonAttrs[r])
-	}
-	for _, a := range recordAttrs {
-		d.recordsBad.Add(ctx, 0, a)
-	}
-	return d, nil
-}
-
-// Record ops: how a process came upon a record.
-const (
-	opRead  = "read"  // it read the key
-	opWatch = "watch" // its watcher saw the change
-)
-
-var (
-	kindAttrs = func() map[events.Kind]metric.MeasurementOption {
-		m := map[events.Kind]metric.MeasurementOption{}
-		for _, k := range events.Kinds() {
-			m[k] = metric.WithAttributeSet(attribute.NewSet(attribute.String("kind", k.String())))
-		}
-		return m
-	}()
-	reasonAttrs = func() map[events.BadReason]metric.MeasurementOption {
-		m := map[events.BadReason]metric.MeasurementOption{}
-		for _, r := range events.BadReasons() {
-			m[r] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", r.String())))
-		}
-		return m
-	}()
-	// A record has no size limit of its own: the other reasons apply.
-	recordReasons = []events.BadReason{events.BadMalformed, events.BadVersion, events.BadInvalid}
-	recordAttrs   = func() map[[2]string]metric.MeasurementOption {
-		m := map[[2]string]metric.MeasurementOption{}
-		for _, r := range recordReasons {
-			for _, op := range []string{opRead, opWatch} {
-				m[[2]string{r.String(), op}] = metric.WithAttributeSet(attribute.NewSet(
-					attribute.String("reason", r.String()), attribute.String("op", op)))
-			}
-		}
-		return m
-	}()
-)
-
-func (d *decodeInstruments) eventDecoded(k events.Kind) {
-	d.eventsDecoded.Add(context.Background(), 1, kindAttrs[k])
-}
-
-func (d *decodeInstruments) eventBad(r events.BadReason) {
-	d.eventsBad.Add(context.Background(), 1, reasonAttrs[r])
-}
-
-// recordBad counts a record that did not decode (err wraps ErrBadRecord).
-func (d *decodeInstruments) recordBad(err error, op string) {
-	d.recordsBad.Add(context.Background(), 1, recordAttrs[[2]string{recordReason(err).String(), op}])
-}
-
 func errorType(err error) string {
 	switch {
 	case err == nil:
 		return ""
 	case errors.Is(err, ErrStoreUnavailable):
 		return "store_unavailable"
-	case errors.Is(err, localcache.ErrComputeTimeout):
+	case errors.Is(err, ErrComputeTimeout):
 		return "compute_timeout"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "context"
 	}
 	return "compute"
 }
-
-// reconcilerInstruments are a Reconciler's metrics.
-type reconcilerInstruments struct {
-	decodeInstruments
-	actions   metric.Int64Counter       // by action
-	elections metric.Int64Counter       // times this process became the active reconciler
-	active    metric.Int64UpDownCounter // 1 while this process is the active reconciler, else 0
-}
-
-func newReconcilerInstruments(mp metric.MeterProvider) (*reconcilerInstruments, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	m := mp.Meter(ScopeName)
-	in := &reconcilerInstruments{}
-	var err error
-	if in.decodeInstruments, err = newDecodeInstruments(m); err != nil {
-		return nil, err
-	}
-	if in.actions, err = m.Int64Counter("embcache.reconciler.actions", metric.WithUnit("{action}"),
-		metric.WithDescription("what the active reconciler did, by action")); err != nil {
-		return nil, err
-	}
-	if in.elections, err = m.Int64Counter("embcache.reconciler.elections", metric.WithUnit("{election}"),
-		metric.WithDescription("times this process became the active reconciler")); err != nil {
-		return nil, err
-	}
-	if in.active, err = m.Int64UpDownCounter("embcache.reconciler.active",
-		metric.WithDescription("1 while this process is the active reconciler, 0 while it stands by")); err != nil {
-		return nil, err
-	}
-	in.active.Add(context.Background(), 0) // exported as 0 before the first election
-	for a := range numActions {
-		in.actions.Add(context.Background(), 0, actionAttrs[a]) // every action is exported, at 0 until it happens
-	}
-	return in, nil
-}
-
-var actionAttrs = func() [numActions]metric.MeasurementOption {
-	var m [numActions]metric.MeasurementOption
-	for a := range numActions {
-		m[a] = metric.WithAttributeSet(attribute.NewSet(attribute.String("action", a.String())))
-	}
-	return m
-}()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -20,16 +21,16 @@ import (
 // consumers filtered to them, stream info, and replies on their own inbox
 // prefix (_INBOX_<tenant>, set with nats.CustomInboxPrefix).
 func TenantPermissions(tenant string) *server.Permissions {
-	kv := "$KV." + DefaultBucket + "." + tenant + ".>"
+	kv := "$KV." + lease.DefaultBucket + "." + tenant + ".>"
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{
 			kv,
 			"embcache.ev." + tenant + ".>",
-			"$JS.API.DIRECT.GET.KV_" + DefaultBucket + "." + kv,
-			"$JS.API.CONSUMER.CREATE.KV_" + DefaultBucket + ".*." + kv,
+			"$JS.API.DIRECT.GET.KV_" + lease.DefaultBucket + "." + kv,
+			"$JS.API.CONSUMER.CREATE.KV_" + lease.DefaultBucket + ".*." + kv,
 			"$JS.API.CONSUMER.CREATE." + events.StreamName + ".*.embcache.ev." + tenant + ".>",
 			"$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.DELETE.*.*",
-			"$JS.API.STREAM.INFO.KV_" + DefaultBucket, "$JS.API.STREAM.INFO." + events.StreamName,
+			"$JS.API.STREAM.INFO.KV_" + lease.DefaultBucket, "$JS.API.STREAM.INFO." + events.StreamName,
 			"$JS.FC.>",
 		}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>"}},
@@ -78,7 +79,7 @@ func TestTenantIsolation(t *testing.T) {
 	store := payload.NewMemoryStore("test-node", 0)
 	tenantCache := func(user string) *Cache {
 		c, err := New(ctx, dial(user), WithMode(ModeStrict), WithTenants(user), WithEvents(0),
-			WithTransport(payload.TransportMemory, store), WithNode("test-node"), WithOpTimeout(time.Second))
+			route(t, payload.TransportMemory, store), WithNode("test-node"), WithOpTimeout(time.Second))
 		if err != nil {
 			t.Fatalf("%s: %v", user, err)
 		}
@@ -87,7 +88,7 @@ func TestTenantIsolation(t *testing.T) {
 	}
 	a1, a2, b1 := tenantCache("acme"), tenantCache("acme"), tenantCache("beta")
 	for _, c := range []*Cache{a1, a2, b1} {
-		if _, _, ok := c.EventStats(); !ok {
+		if !c.Stats().Events {
 			t.Fatal("a tenant's cache has no event stream under the tenant permissions")
 		}
 	}
@@ -116,18 +117,18 @@ func TestTenantIsolation(t *testing.T) {
 		t.Cleanup(cancel)
 		return c
 	}
-	betaSubject := "$KV." + DefaultBucket + "." + betaRef.KVKey()
+	betaSubject := "$KV." + lease.DefaultBucket + "." + betaRef.KVKey()
 	if _, err := js.Publish(short(), betaSubject, []byte(`{"v":1}`)); err == nil {
 		t.Fatal("acme wrote beta's lease key")
 	}
-	if _, err := nc.RequestWithContext(short(), "$JS.API.DIRECT.GET.KV_"+DefaultBucket+"."+betaSubject, nil); err == nil {
+	if _, err := nc.RequestWithContext(short(), "$JS.API.DIRECT.GET.KV_"+lease.DefaultBucket+"."+betaSubject, nil); err == nil {
 		t.Fatal("acme read beta's lease record")
 	}
-	if _, err := nc.RequestWithContext(short(), "$JS.API.STREAM.MSG.GET.KV_"+DefaultBucket,
+	if _, err := nc.RequestWithContext(short(), "$JS.API.STREAM.MSG.GET.KV_"+lease.DefaultBucket,
 		[]byte(`{"last_by_subj":"`+betaSubject+`"}`)); err == nil {
 		t.Fatal("acme read beta's lease record through MSG.GET")
 	}
-	kv, err := js.KeyValue(ctx, DefaultBucket)
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -24,7 +25,7 @@ func memoryCluster(t *testing.T) (url string, store *payload.MemoryStore) {
 }
 
 // activeReconciler starts a reconciler and waits until it is the active one.
-func activeReconciler(t *testing.T, url string, store payload.Transport, opts ...Option) *Reconciler {
+func activeReconciler(t *testing.T, url string, store payload.Transport, opts ...reconciler.Option) *reconciler.Reconciler {
 	t.Helper()
 	rec, _ := startReconciler(t, url, store, opts...)
 	waitFor(t, func() bool { return rec.Stats().Active })
@@ -79,7 +80,7 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 	// The watcher may report the purge d made before computing after d's
 	// copy is in: the copy came from a later record, and stays. A removal
 	// of its own record takes it.
-	commitRev := readRecord(t, d, target).rev
+	commitRev := readRecord(t, d, target).Rev
 	d.recordChanged(target.KVKey(), commitRev-1, nil)
 	if !d.local.Contains(target.Object()) || d.Stats().Local.Evicted(localcache.CauseStore) != 0 {
 		t.Fatalf("the recomputed copy was dropped: %+v", d.Stats().Local)
@@ -123,7 +124,7 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 		}
 		c.Release("r")
 	}
-	expires := readRecord(t, a, ref(1)).record.Expires
+	expires := readRecord(t, a, ref(1)).Record.Expires
 	// b hits its copy as long as it has one: the hits do not extend it.
 	waitFor(t, func() bool {
 		if !b.local.Contains(ref(1).Object()) {
@@ -136,7 +137,7 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 	if gone := time.Now(); gone.Before(expires) {
 		t.Fatalf("the copy went at %v, before its record's expiry %v", gone, expires)
 	}
-	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live })
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live })
 	for _, c := range []*Cache{a, b} {
 		if c.local.Contains(ref(1).Object()) {
 			t.Fatal("a copy outlived its record")
@@ -157,7 +158,7 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	rec := activeReconciler(t, url, store, WithStoreTTL(storeTTL))
+	rec := activeReconciler(t, url, store)
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	ctx := context.Background()
@@ -168,7 +169,7 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 		}
 		c.Release("r")
 	}
-	first := readRecord(t, a, ref(1)).record.Expires
+	first := readRecord(t, a, ref(1)).Record.Expires
 	// a keeps using it until the record has been extended past its first
 	// expiry, and past that expiry b's copy is still there.
 	waitFor(t, func() bool {
@@ -179,11 +180,11 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 		return time.Now().After(first.Add(200 * time.Millisecond))
 	})
 	cur := readRecord(t, a, ref(1))
-	if !cur.live || !cur.record.Expires.After(first) || rec.Stats().Touches == 0 {
+	if !cur.Live || !cur.Record.Expires.After(first) || rec.Stats().Touches == 0 {
 		t.Fatalf("record not extended: %+v, reconciler %+v", cur, rec.Stats())
 	}
-	if end := cur.stamp.Add(cur.ttl); end.Before(cur.record.Expires) {
-		t.Fatalf("the record's TTL ends at %v, before its expires %v", end, cur.record.Expires)
+	if end := cur.Stamp.Add(cur.TTL); end.Before(cur.Record.Expires) {
+		t.Fatalf("the record's TTL ends at %v, before its expires %v", end, cur.Record.Expires)
 	}
 	if !b.local.Contains(ref(1).Object()) {
 		t.Fatal("b's copy went while its record lived")
@@ -202,7 +203,7 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 func TestOneEvictedPerEviction(t *testing.T) {
 	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	activeReconciler(t, url, store, WithStoreTTL(storeTTL))
+	activeReconciler(t, url, store)
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	ctx := context.Background()
 
@@ -246,7 +247,7 @@ func TestOneEvictedPerEviction(t *testing.T) {
 	// invalidation, so it knows ref(2) (it takes events in order).
 	waitFor(t, func() bool { return count(1, events.CauseInvalidated) > 0 })
 	// ref(2)'s payload goes missing: the next reader purges its record.
-	if err := store.Delete(ctx, *readRecord(t, a, ref(2)).record.Location); err != nil {
+	if err := store.Delete(ctx, *readRecord(t, a, ref(2)).Record.Location); err != nil {
 		t.Fatal(err)
 	}
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
@@ -286,7 +287,7 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shmOpts := []Option{WithTransport(payload.TransportShm, store), WithShm(store)}
+	shmOpts := []Option{shmRoute(t, store)}
 	var cnt counter
 	// The short-lived value, and one that outlives the test.
 	short := eventCache(t, url, store, append(shmOpts, WithStoreTTL(time.Second), WithPayloadSweep(-1))...)
@@ -299,7 +300,7 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 	}
 	short.Release("r")
 	long.Release("r")
-	waitFor(t, func() bool { return !readRecord(t, short, ref(1)).live })
+	waitFor(t, func() bool { return !readRecord(t, short, ref(1)).Live })
 	if err := short.Invalidate(ctx, "acme", "m", 1); err != nil { // both are epoch 1: ref(2)'s record stays, refused
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
 	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
-	activeReconciler(t, url, store, WithStoreTTL(storeTTL))
+	activeReconciler(t, url, store)
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL), WithEvents(500*time.Millisecond))
 	ctx := context.Background()
 	var cnt counter
@@ -333,7 +334,7 @@ func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
 	}
 	a.Release("hit")
 	waitFor(t, func() bool {
-		return !readRecord(t, a, ref(1)).record.Expires.Before(lastUse.Add(storeTTL))
+		return !readRecord(t, a, ref(1)).Record.Expires.Before(lastUse.Add(storeTTL))
 	})
 }
 
@@ -366,7 +367,7 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 	if a.local.Contains(ref(1).Object()) {
 		t.Fatal("a value computed across an invalidation entered the local cache")
 	}
-	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).live })
+	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live })
 	for _, c := range []*Cache{a, b} {
 		v, path, err := c.GetOrComputePath(ctx, "r2", ref(1), func(context.Context) (*payload.Value, error) { return embedding(9), nil })
 		if err != nil || (path != PathComputed && path != PathRemoteHit && path != PathWaited) {

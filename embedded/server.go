@@ -43,7 +43,16 @@ type Options struct {
 	// Username and Password, when set, are required of every client.
 	Username, Password string
 
-	// Configure, if set, edits the server options last (TLS, accounts,
+	// TLSCert and TLSKey, when set, make clients connect with TLS
+	// (ClientURL is then tls://...; ClientTLS is a client's config).
+	// TLSCA, when set too, requires client certificates it signed.
+	TLSCert, TLSKey, TLSCA string
+
+	// ConfigFile is a nats-server configuration file whose accounts,
+	// users, permissions and TLS apply; the fields above keep the rest.
+	ConfigFile string
+
+	// Configure, if set, edits the server options last (accounts,
 	// permissions): the escape hatch for what this struct does not say.
 	Configure func(*server.Options) error
 
@@ -113,6 +122,9 @@ func (s *Server) serverOptions() (*server.Options, error) {
 			o.Routes = append(o.Routes, server.RoutesFromStr(r)...)
 		}
 	}
+	if err := s.applyFiles(o); err != nil {
+		return nil, err
+	}
 	if s.opts.Configure != nil {
 		if err := s.opts.Configure(o); err != nil {
 			return nil, fmt.Errorf("embedded: configure: %w", err)
@@ -168,9 +180,13 @@ func (s *Server) checkPorts() error {
 	return nil
 }
 
-// ClientURL is the URL clients connect to.
+// ClientURL is the URL clients connect to (tls:// with TLSCert).
 func (s *Server) ClientURL() string {
-	return "nats://" + net.JoinHostPort(s.opts.Host, strconv.Itoa(s.opts.Port))
+	scheme := "nats://"
+	if s.opts.TLSCert != "" {
+		scheme = "tls://"
+	}
+	return scheme + net.JoinHostPort(s.opts.Host, strconv.Itoa(s.opts.Port))
 }
 
 // Name returns the server name.
@@ -187,12 +203,19 @@ func (s *Server) NATS() *server.Server {
 func (s *Server) Running() bool { return s.NATS() != nil }
 
 // Connect returns a client connection to this node. Options are appended
-// to the defaults (a name, reconnects forever with a short wait, and the
-// node's credentials).
+// to the defaults (a name, reconnects forever with a short wait, the
+// node's credentials and ClientTLS).
 func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	base := []nats.Option{nats.Name("embcache-embedded-client"), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
 	if s.opts.Username != "" {
 		base = append(base, nats.UserInfo(s.opts.Username, s.opts.Password))
+	}
+	tc, err := s.ClientTLS()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		base = append(base, nats.Secure(tc))
 	}
 	return nats.Connect(s.ClientURL(), append(base, opts...)...)
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go"
@@ -165,12 +166,17 @@ func connectFaultWorker(h *histWriter) (*coordinator.Cache, *nats.Conn, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	plane, err := payload.NewRouter("itest-node", payload.TransportShm, store, payload.WithNodeStore(store))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	var c *coordinator.Cache
 	err = retry(ctx, func() (err error) {
 		c, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict),
-			coordinator.WithReplicas(3), coordinator.WithTransport(payload.TransportShm, store), coordinator.WithShm(store),
+			coordinator.WithReplicas(3), coordinator.WithPayload(plane),
 			coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(time.Second), coordinator.WithOpTimeout(time.Second),
 			coordinator.WithComputeTimeout(20*time.Second), coordinator.WithObserver(h))
 		return err
@@ -518,7 +524,7 @@ func createNoMarkerBucket(ctx context.Context, cl *embedded.Cluster) error {
 		return err
 	}
 	return retry(ctx, func() error {
-		_, err := js.CreateStream(ctx, noMarkerKVStream(coordinator.DefaultBucket, 3))
+		_, err := js.CreateStream(ctx, noMarkerKVStream(lease.DefaultBucket, 3))
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil
 		}
@@ -765,7 +771,7 @@ func (s *schedule) streamLeader(ctx context.Context) *embedded.Server {
 	if err != nil {
 		return nil
 	}
-	l, err := s.cl.StreamLeader(ctx, js, "KV_"+coordinator.DefaultBucket)
+	l, err := s.cl.StreamLeader(ctx, js, "KV_"+lease.DefaultBucket)
 	if err != nil {
 		return nil
 	}
@@ -982,12 +988,17 @@ func (s *schedule) checker(ctx context.Context) (*coordinator.Cache, func(), err
 		nc.Close()
 		return nil, nil, setupErrorf("checker: %w", err)
 	}
+	plane, err := payload.NewRouter("itest-node", payload.TransportShm, store)
+	if err != nil {
+		nc.Close()
+		return nil, nil, setupErrorf("checker: %w", err)
+	}
 	nctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	var check *coordinator.Cache
 	err = retry(nctx, func() (err error) {
 		check, err = coordinator.New(nctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithReplicas(3),
-			coordinator.WithTransport(payload.TransportShm, store), coordinator.WithNode("itest-node"))
+			coordinator.WithPayload(plane), coordinator.WithNode("itest-node"))
 		return err
 	})
 	if err != nil {

@@ -580,7 +580,7 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	}
 	t.Logf("%d rounds x %d creates over a tombstone on R3; losers by API code: %v", rounds, racers, codes)
 	if codes[fmt.Sprintf("%d ErrKeyExists=false", jetstream.JSErrCodeStreamWrongLastSequenceConstant)] == 0 {
-		t.Errorf("no loser got a bare API error %d: revisit docs/jetstream-notes.md (and isConflict in coordinator/store.go)",
+		t.Errorf("no loser got a bare API error %d: revisit docs/jetstream-notes.md (and isConflict in lease/bucket.go)",
 			jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 	}
 }

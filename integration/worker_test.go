@@ -13,8 +13,8 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
-	"github.com/embcache/embcache/payload/shm"
 	"github.com/zeebo/blake3"
 )
 
@@ -74,24 +74,17 @@ func runWorker(mode string) int {
 		out.Encode(result{Key: -1, Err: err.Error()})
 		return 1
 	}
-	store, err := shm.Open(os.Getenv("EMBCACHE_SHM"), shm.WithNode("itest-node"))
-	if err != nil {
-		return fail(err)
-	}
-	nc, err := coordinator.Connect(os.Getenv("EMBCACHE_NATS"), coordinator.ModeStrict)
-	if err != nil {
-		return fail(err)
-	}
-	defer nc.Close()
 	leaseTTL, _ := time.ParseDuration(os.Getenv("EMBCACHE_LEASE_TTL"))
-	c, err := coordinator.New(context.Background(), nc, coordinator.WithMode(coordinator.ModeStrict),
-		coordinator.WithTransport(payload.TransportShm, store), coordinator.WithShm(store),
-		coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(leaseTTL),
-		coordinator.WithComputeTimeout(2*time.Minute))
+	n, err := node.New(node.Options{NATSURL: os.Getenv("EMBCACHE_NATS"), Name: "itest-node", ShmDir: os.Getenv("EMBCACHE_SHM"),
+		Strict: true, LeaseTTL: leaseTTL, NoEvents: true, Cache: []coordinator.Option{coordinator.WithComputeTimeout(2 * time.Minute)}})
 	if err != nil {
 		return fail(err)
 	}
-	defer c.Close()
+	if err := n.Start(context.Background()); err != nil {
+		return fail(err)
+	}
+	defer n.Close()
+	c := n.Cache()
 	computes, err := os.OpenFile(os.Getenv("EMBCACHE_COMPUTES"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return fail(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/fakeclock"
 	"go.uber.org/goleak"
 )
 
@@ -18,25 +19,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type blob []byte
 
 func (b blob) Size() int64 { return int64(len(b)) }
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.now
-}
-
-func (f *fakeClock) Advance(d time.Duration) {
-	f.mu.Lock()
-	f.now = f.now.Add(d)
-	f.mu.Unlock()
-}
 
 type evictLog struct {
 	mu     sync.Mutex
@@ -58,9 +40,9 @@ func (l *evictLog) cause(k string) Cause {
 	return l.causes[k]
 }
 
-func newTestCache(t *testing.T, opts ...Option) (*Cache[string, blob], *fakeClock, *evictLog) {
+func newTestCache(t *testing.T, opts ...Option) (*Cache[string, blob], *fakeclock.Clock, *evictLog) {
 	t.Helper()
-	clock := newFakeClock()
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	log := &evictLog{}
 	base := []Option{WithClock(clock), WithTTL(time.Minute), WithOnEvict(log.record)}
 	c, err := New[string, blob](append(base, opts...)...)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/fakeclock"
 	"pgregory.net/rapid"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const maxBytes, maxEntries = 1000, 8
-		clock := newFakeClock()
+		clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 		pinsOf := map[uint64]int{}       // value id -> pins the model holds
 		reqPins := map[string][]uint64{} // request -> value ids it pinned
 		evictedPinned := ""

@@ -3,11 +3,14 @@
 // the shm payload store, the payload transport this node writes with (shm on
 // one machine, HTTP across machines with a pull server for the others, or
 // Mooncake in a binary built with -tags mooncake), the event stream, the
-// telemetry providers, and the coordinator.Cache over all of them.
+// telemetry providers, the coordinator.Cache over all of them and, with
+// Options.Reconciler, a reconciler (one in the cluster is active; the
+// others stand by). A node with Options.NoCache only serves: embcache
+// serve is its pull server and its reconciler.
 //
 // It is the one place that knows how these fit together, so the commands
-// (embcache worker, embcache agent), the benchmarks and Go embedders join a
-// cluster the same way:
+// (embcache serve, worker, agent and demo), the benchmarks, the tests and
+// Go embedders join a cluster the same way:
 //
 //	n, err := node.New(node.Options{NATSURL: url, Name: "gpu-3", PayloadListen: ":7070"})
 //	if err != nil { ... }                 // an invalid option: ErrInvalidOption
@@ -17,6 +20,6 @@
 //	v, err := n.Cache().GetOrCompute(ctx, req, ref, encode)
 //
 // New only validates; Start connects, opens and listens; Close releases in
-// the reverse order (the Cache, the pull server, the Mooncake store, the
-// connection).
+// the reverse order (the reconciler, the Cache, the pull server, the
+// Mooncake store, the connection).
 package node

@@ -4,33 +4,43 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
-// readyPoll is how often Ready looks at the Cache's store reachability.
-const readyPoll = 50 * time.Millisecond
+const (
+	// readyPoll is how often Ready looks at the store's reachability.
+	readyPoll = 50 * time.Millisecond
+	// streamWait bounds Start's wait for the event stream: the reconciler
+	// retries without it, so a slow cluster is a warning, not a failure.
+	streamWait = 30 * time.Second
+)
 
 // Node is one process's membership of the cluster: its NATS connection,
-// payload plane and Cache. Start it once, Close it once; the accessors are
-// safe for concurrent use after Start.
+// payload plane, Cache and reconciler. Start it once, Close it once; the
+// accessors are safe for concurrent use after Start.
 type Node struct {
 	opts Options
 
 	nc       *nats.Conn
 	store    *shm.Store
-	cache    *coordinator.Cache
-	server   *http.Server // the pull server (PayloadHTTP), or nil
-	addr     string       // the pull server's listen address, or ""
-	mooncake io.Closer    // the Mooncake store (PayloadMooncake), or nil
+	cache    *coordinator.Cache     // nil with NoCache
+	rec      *reconciler.Reconciler // nil without Reconciler
+	stopRec  context.CancelFunc     // ends rec's Run
+	recDone  chan struct{}          // closed when rec's Run has returned
+	server   *http.Server           // the pull server (PayloadHTTP), or nil
+	addr     string                 // the pull server's listen address, or ""
+	mooncake mooncakeTransport      // the Mooncake store (PayloadMooncake), or nil
 	started  bool
 	closed   bool
 }
@@ -47,10 +57,11 @@ func New(opts Options) (*Node, error) {
 }
 
 // Start connects to NATS, opens the shm store (and the Mooncake store),
-// starts the pull server and builds the Cache. In the default mode an
-// unreachable NATS is not an error: the Cache computes locally until it is
-// back (see Ready). On error everything opened so far is released. A
-// second call returns ErrStarted.
+// starts the pull server, builds the Cache (unless NoCache) and starts the
+// reconciler (with Reconciler; it runs until Close, not until ctx ends).
+// In the default mode an unreachable NATS is not an error: the Cache
+// computes locally until it is back (see Ready). On error everything
+// opened so far is released. A second call returns ErrStarted.
 func (n *Node) Start(ctx context.Context) (err error) {
 	if n.started {
 		return ErrStarted
@@ -62,12 +73,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		}
 	}()
 	o := &n.opts
-	mode := coordinator.ModeDegrade
-	if o.Strict {
-		mode = coordinator.ModeStrict
-	}
-	if n.nc, err = coordinator.Connect(o.NATSURL, mode, o.NATSOptions...); err != nil {
+	if n.nc, err = coordinator.Connect(o.NATSURL, o.mode(), o.NATSOptions...); err != nil {
 		return err
+	}
+	if (o.Reconciler || o.NoCache) && !o.NoEvents {
+		n.ensureStream(ctx) // a Cache with events creates it itself
 	}
 	sopts := []shm.Option{shm.WithNode(o.Name)}
 	if o.ShmMaxBytes > 0 {
@@ -80,32 +90,78 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	opts := append(o.cacheOptions(), coordinator.WithShm(n.store))
-	opts = append(opts, plane...)
-	n.cache, err = coordinator.New(ctx, n.nc, append(opts, o.Cache...)...)
-	return err
+	if !o.NoCache {
+		opts := append(o.cacheOptions(), coordinator.WithPayload(plane))
+		if n.cache, err = coordinator.New(ctx, n.nc, append(opts, o.Cache...)...); err != nil {
+			return err
+		}
+	}
+	if o.Reconciler {
+		return n.startReconciler(ctx)
+	}
+	return nil
+}
+
+// ensureStream creates the event stream if it is missing, waiting at most
+// streamWait; a failure is logged, since the reconciler retries.
+func (n *Node) ensureStream(ctx context.Context) {
+	js, err := jetstream.New(n.nc)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(ctx, streamWait)
+		_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
+		cancel()
+	}
+	if err != nil {
+		n.opts.Logger.Warn("event stream not ready yet; the reconciler will retry", "err", err)
+	}
+}
+
+// startReconciler runs a reconciler until Close. It deletes the payloads
+// of this node's shm store and, with PayloadMooncake, of the Mooncake
+// store the cluster shares.
+func (n *Node) startReconciler(ctx context.Context) error {
+	opts := append(n.opts.reconcilerOptions(), reconciler.WithPayload(payload.TransportShm, n.store))
+	if n.mooncake != nil {
+		opts = append(opts, reconciler.WithPayload(payload.TransportMooncake, n.mooncake))
+	}
+	rec, err := reconciler.New(n.nc, opts...)
+	if err != nil {
+		return err
+	}
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	n.rec, n.stopRec, n.recDone = rec, stop, make(chan struct{})
+	go func() {
+		defer close(n.recDone)
+		rec.Run(rctx)
+	}()
+	return nil
 }
 
 // openPayload opens the transport this node writes with and returns the
-// Cache options that route to it.
-func (n *Node) openPayload() ([]coordinator.Option, error) {
+// node's payload router: that transport, and the shm store for what was
+// written on this node.
+func (n *Node) openPayload() (*payload.Router, error) {
 	o := &n.opts
+	ropts := []payload.RouterOption{payload.WithNodeStore(n.store)}
+	if o.PullToShm {
+		ropts = append(ropts, payload.WithPullToNodeStore())
+	}
 	switch o.Payload {
 	case PayloadHTTP:
 		tr, err := n.listenHTTP()
 		if err != nil {
 			return nil, err
 		}
-		return []coordinator.Option{coordinator.WithTransport(payload.TransportHTTP, tr), coordinator.WithGetter(payload.TransportShm, n.store)}, nil
+		return payload.NewRouter(o.Name, payload.TransportHTTP, tr, ropts...)
 	case PayloadMooncake:
 		mc, err := openMooncake(o.Name, o.Mooncake)
 		if err != nil {
 			return nil, err
 		}
 		n.mooncake = mc
-		return []coordinator.Option{coordinator.WithTransport(payload.TransportMooncake, mc), coordinator.WithGetter(payload.TransportShm, n.store)}, nil
+		return payload.NewRouter(o.Name, payload.TransportMooncake, mc, ropts...)
 	}
-	return []coordinator.Option{coordinator.WithTransport(payload.TransportShm, n.store)}, nil
+	return payload.NewRouter(o.Name, payload.TransportShm, n.store, ropts...)
 }
 
 // listenHTTP starts the pull server over the shm store and returns the
@@ -138,15 +194,20 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 }
 
 // Ready waits until the Cache reaches the KV bucket, so that computes are
-// shared, or until ctx ends: then the error wraps ErrNotReady and ctx's
-// error. Before Start it returns ErrNotStarted.
+// shared (with NoCache: until the NATS connection is up), or until ctx
+// ends: then the error wraps ErrNotReady and ctx's error. Before Start it
+// returns ErrNotStarted.
 func (n *Node) Ready(ctx context.Context) error {
-	if n.cache == nil {
+	if n.nc == nil || (n.cache == nil && !n.opts.NoCache) {
 		return ErrNotStarted
+	}
+	ready := n.nc.IsConnected
+	if n.cache != nil {
+		ready = func() bool { return n.cache.Stats().StoreReachable }
 	}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
-	for !n.cache.Stats().StoreReachable {
+	for !ready() {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: %w", ErrNotReady, context.Cause(ctx))
@@ -156,15 +217,19 @@ func (n *Node) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the node in the reverse order of Start: the Cache, the
-// pull server (waiting at most 2s for pulls in flight), the Mooncake store,
-// the NATS connection. Calls after the first do nothing; the accessors
-// keep answering.
+// Close releases the node in the reverse order of Start: the reconciler
+// (waiting for its Run to return), the Cache, the pull server (waiting at
+// most 2s for pulls in flight), the Mooncake store, the NATS connection.
+// Calls after the first do nothing; the accessors keep answering.
 func (n *Node) Close() error {
 	if n.closed {
 		return nil
 	}
 	n.closed = true
+	if n.rec != nil {
+		n.stopRec()
+		<-n.recDone
+	}
 	var errs []error
 	if n.cache != nil {
 		errs = append(errs, n.cache.Close())
@@ -185,8 +250,12 @@ func (n *Node) Close() error {
 	return errors.Join(errs...)
 }
 
-// Cache is the node's Cache (nil before Start).
+// Cache is the node's Cache (nil before Start, and with NoCache).
 func (n *Node) Cache() *coordinator.Cache { return n.cache }
+
+// Reconciler is the node's reconciler (nil before Start, and without
+// Reconciler), for its Stats.
+func (n *Node) Reconciler() *reconciler.Reconciler { return n.rec }
 
 // Store is the node's shm payload store (nil before Start).
 func (n *Node) Store() *shm.Store { return n.store }

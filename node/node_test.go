@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,9 +13,11 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
 
@@ -137,11 +141,91 @@ func TestInvalidOptions(t *testing.T) {
 		{"http without listen", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadHTTP}},
 		{"listen with shm", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadShm, PayloadListen: ":0"}},
 		{"negative shm budget", node.Options{NATSURL: "nats://x", Name: "n", ShmMaxBytes: -1}},
+		{"reconciler without events", node.Options{NATSURL: "nats://x", Name: "n", Reconciler: true, NoEvents: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := node.New(tc.o); !errors.Is(err, node.ErrInvalidOption) {
 				t.Fatalf("got %v", err)
 			}
 		})
+	}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// waitFor polls cond (another node's election, not goroutine order) for up to 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+	}
+}
+
+// TestReconcilerWithoutCache is serve's node: no Cache, a reconciler, the
+// event stream created for it.
+func TestReconcilerWithoutCache(t *testing.T) {
+	srv := startServer(t)
+	n := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "serve", ShmDir: t.TempDir(), LeaseTTL: time.Second,
+		NoCache: true, Reconciler: true, Logger: quiet})
+	if n.Cache() != nil || n.Reconciler() == nil {
+		t.Fatalf("cache %v reconciler %v", n.Cache(), n.Reconciler())
+	}
+	js, err := jetstream.New(n.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Stream(context.Background(), events.StreamName); err != nil {
+		t.Fatalf("event stream: %v", err)
+	}
+	waitFor(t, "elected", func() bool { return n.Reconciler().Stats().Active })
+}
+
+// TestCloseStopsTheReconciler: Close returns after the reconciler's Run,
+// and the standby takes over.
+func TestCloseStopsTheReconciler(t *testing.T) {
+	srv := startServer(t)
+	o := node.Options{NATSURL: srv.ClientURL(), LeaseTTL: time.Second, NoCache: true, Reconciler: true, Logger: quiet}
+	a, b := o, o
+	a.Name, a.ShmDir = "a", t.TempDir()
+	b.Name, b.ShmDir = "b", t.TempDir()
+	na := startNode(t, a)
+	waitFor(t, "a elected", func() bool { return na.Reconciler().Stats().Active })
+	nb := startNode(t, b)
+	if err := na.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if na.Reconciler().Stats().Active {
+		t.Fatal("a's reconciler still active after Close")
+	}
+	waitFor(t, "b elected", func() bool { return nb.Reconciler().Stats().Active })
+}
+
+// TestReadyWithoutCache: with NoCache, Ready is the NATS connection.
+func TestReadyWithoutCache(t *testing.T) {
+	n, err := node.New(node.Options{NATSURL: "nats://127.0.0.1:1", Name: "alone", ShmDir: t.TempDir(), NoCache: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Ready(context.Background()); !errors.Is(err, node.ErrNotStarted) {
+		t.Fatalf("Ready before Start: %v", err)
+	}
+	// The event stream cannot be made: Start warns after its ctx and goes on.
+	sctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := n.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := n.Ready(ctx); !errors.Is(err, node.ErrNotReady) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Ready without a server: %v", err)
+	}
+	srv := startServer(t)
+	m := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "up", ShmDir: t.TempDir(), NoCache: true, NoEvents: true})
+	if m.Cache() != nil || m.Reconciler() != nil || !m.Conn().IsConnected() {
+		t.Fatalf("cache %v reconciler %v", m.Cache(), m.Reconciler())
 	}
 }

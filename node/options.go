@@ -9,6 +9,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -24,7 +25,8 @@ var (
 	ErrNotStarted = errors.New("node: not started")
 	// ErrStarted is returned by a second Start.
 	ErrStarted = errors.New("node: already started")
-	// ErrNotReady is returned by Ready when ctx ends before the store answers.
+	// ErrNotReady is returned by Ready when ctx ends before the node is
+	// ready: the store answers, or (NoCache) the connection is up.
 	ErrNotReady = errors.New("node: store not reachable")
 )
 
@@ -55,6 +57,11 @@ type Options struct {
 	Advertise     string          // PayloadHTTP: the base URL others pull from (default http://<listen address>)
 	PayloadToken  string          // PayloadHTTP: the bearer token of pulls, both ways
 	Mooncake      MooncakeOptions // PayloadMooncake: how to reach the store
+	// PullToShm makes values pulled from other nodes land in this node's
+	// shm store, verified as they are written, and be read from there
+	// (payload.WithPullToNodeStore): for a node agent, which hands its
+	// processes shm files anyway.
+	PullToShm bool
 
 	Replicas     int           // of the bucket and stream when this node creates them (0: the coordinator's default)
 	LeaseTTL     time.Duration // 0: the coordinator's default
@@ -62,12 +69,21 @@ type Options struct {
 	PayloadSweep time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
 	NoEvents     bool          // run without the event stream (it is on by default)
 
+	// Reconciler runs a reconciler on this node from Start to Close: one
+	// in the cluster is active, the others stand by. It needs the event
+	// stream, which Start then creates if it is missing.
+	Reconciler bool
+	// NoCache builds no Cache: the node only serves (its pull server, its
+	// reconciler). Ready then waits for the NATS connection only, and
+	// Start creates the event stream if it is missing (unless NoEvents).
+	NoCache bool
+
 	Logger         *slog.Logger         // default slog.Default()
 	MeterProvider  metric.MeterProvider // default: the global provider
 	TracerProvider trace.TracerProvider // default: the global provider
 
 	// Cache holds further options for the Cache (compute timeout, local
-	// cache budget, pull to shm, ...), applied after the node's own.
+	// cache budget, ...), applied after the node's own.
 	Cache []coordinator.Option
 }
 
@@ -123,19 +139,53 @@ func (o *Options) validate() error {
 	default:
 		return fmt.Errorf("%w: payload %q (want %s, %s or %s)", ErrInvalidOption, o.Payload, PayloadShm, PayloadHTTP, PayloadMooncake)
 	}
+	if o.Reconciler && o.NoEvents {
+		return fmt.Errorf("%w: a reconciler needs the event stream (NoEvents)", ErrInvalidOption)
+	}
 	if o.PayloadListen != "" && o.Payload != PayloadHTTP {
 		return fmt.Errorf("%w: a payload listen address with payload %s (it serves %s)", ErrInvalidOption, o.Payload, PayloadHTTP)
 	}
 	return nil
 }
 
+// mode is the Cache's and the connection's mode.
+func (o *Options) mode() coordinator.Mode {
+	if o.Strict {
+		return coordinator.ModeStrict
+	}
+	return coordinator.ModeDegrade
+}
+
 // cacheOptions are the Cache's options for the node's parts.
 func (o *Options) cacheOptions() []coordinator.Option {
-	mode := coordinator.ModeDegrade
-	if o.Strict {
-		mode = coordinator.ModeStrict
+	opts := append(o.sharedOptions(), coordinator.WithMode(o.mode()))
+	if o.PayloadSweep != 0 {
+		opts = append(opts, coordinator.WithPayloadSweep(o.PayloadSweep))
 	}
-	opts := []coordinator.Option{coordinator.WithNode(o.Name), coordinator.WithMode(mode), coordinator.WithLogger(o.Logger)}
+	if !o.NoEvents {
+		opts = append(opts, coordinator.WithEvents(0))
+	}
+	return opts
+}
+
+// reconcilerOptions are the reconciler's options for the node's parts.
+func (o *Options) reconcilerOptions() []reconciler.Option {
+	opts := []reconciler.Option{reconciler.WithNode(o.Name), reconciler.WithLogger(o.Logger)}
+	if o.Replicas != 0 {
+		opts = append(opts, reconciler.WithReplicas(o.Replicas))
+	}
+	if o.LeaseTTL != 0 {
+		opts = append(opts, reconciler.WithLeaseTTL(o.LeaseTTL))
+	}
+	if o.MeterProvider != nil {
+		opts = append(opts, reconciler.WithMeterProvider(o.MeterProvider))
+	}
+	return opts
+}
+
+// sharedOptions are the Cache's options for the node's parts.
+func (o *Options) sharedOptions() []coordinator.Option {
+	opts := []coordinator.Option{coordinator.WithNode(o.Name), coordinator.WithLogger(o.Logger)}
 	if o.Replicas != 0 {
 		opts = append(opts, coordinator.WithReplicas(o.Replicas))
 	}
@@ -144,12 +194,6 @@ func (o *Options) cacheOptions() []coordinator.Option {
 	}
 	if o.StoreTTL != 0 {
 		opts = append(opts, coordinator.WithStoreTTL(o.StoreTTL))
-	}
-	if o.PayloadSweep != 0 {
-		opts = append(opts, coordinator.WithPayloadSweep(o.PayloadSweep))
-	}
-	if !o.NoEvents {
-		opts = append(opts, coordinator.WithEvents(0))
 	}
 	if o.MeterProvider != nil {
 		opts = append(opts, coordinator.WithMeterProvider(o.MeterProvider))

@@ -22,4 +22,10 @@ var (
 	ErrUnavailable = errors.New("payload: store unavailable")
 	// ErrClosed is returned by calls on a closed store or transport.
 	ErrClosed = errors.New("payload: closed")
+	// ErrInvalidOption is returned by NewRouter for a bad argument or
+	// option.
+	ErrInvalidOption = errors.New("payload: invalid option")
+	// ErrNoTransport is returned by a Router for a Location whose
+	// transport it has no reader for.
+	ErrNoTransport = errors.New("payload: no transport for location")
 )

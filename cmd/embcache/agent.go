@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -17,12 +18,17 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// agentConfig is the agent command's flags.
+type agentConfig struct {
+	nf                        nodeFlags
+	socket, metricsListen     string
+	computeTimeout, waitStore time.Duration
+	localMaxBytes             int64
+	verbose                   bool
+}
+
 func newAgent() *cobra.Command {
-	var nf nodeFlags
-	var socket, metricsListen string
-	var computeTimeout, waitStore time.Duration
-	var localMaxBytes int64
-	var verbose bool
+	var c agentConfig
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent: the cache of this node, served to its processes on a Unix socket",
@@ -32,64 +38,71 @@ func newAgent() *cobra.Command {
 			"See docs/agent.md.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if socket == "" {
+			if c.socket == "" {
 				return usagef("--socket is required")
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			logger := newLogger(cmd.ErrOrStderr(), verbose)
-			tel, err := startTelemetry(ctx, "embcache-agent", metricsListen)
-			if err != nil {
-				return err
-			}
-			defer tel.shutdown()
-			if tel.addr != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "embcache agent: metrics at http://%s/metrics\n", tel.addr)
-			}
-			// Pulled values land in the store the agent answers files of:
-			// received there in one pass, not pulled into memory and copied.
-			opts := []coordinator.Option{coordinator.WithComputeTimeout(computeTimeout), coordinator.WithPullToShm()}
-			if localMaxBytes > 0 {
-				opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(localMaxBytes)))
-			}
-			n, err := nf.start(ctx, logger, tel, opts...)
-			if err != nil {
-				return err
-			}
-			defer n.Close()
-			wctx, cancel := context.WithTimeout(ctx, waitStore)
-			err = n.Ready(wctx)
-			cancel()
-			if err != nil {
-				logger.Warn("embcache agent: serving without the store (computes are not shared until it is back)", "err", err)
-			}
-			srv, err := agent.New(n.Cache(), n.Store(), agent.WithLogger(logger))
-			if err != nil {
-				return err
-			}
-			l, err := listenUnix(socket)
-			if err != nil {
-				return err
-			}
-			go func() {
-				<-ctx.Done()
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				srv.Shutdown(sctx)
-			}()
-			fmt.Fprintln(cmd.ErrOrStderr(), "embcache agent: node", n.Name(), "listening on", socket)
-			return srv.Serve(l)
+			return c.run(ctx, cmd.ErrOrStderr())
 		},
 	}
-	nf.register(cmd.Flags())
-	cmd.Flags().StringVar(&socket, "socket", envOr("EMBCACHE_AGENT_SOCKET", ""), "Unix socket to serve on ($EMBCACHE_AGENT_SOCKET)")
-	cmd.Flags().DurationVar(&computeTimeout, "compute-timeout", 5*time.Minute, "how long a client may hold a reservation before it is abandoned")
-	cmd.Flags().DurationVar(&waitStore, "wait-store", 10*time.Second, "wait this long for the store before serving")
-	cmd.Flags().Int64Var(&localMaxBytes, "local-max-bytes", 0, "local cache budget in bytes (0: the default)")
-	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address")
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log more")
+	c.nf.register(cmd.Flags())
+	f := cmd.Flags()
+	f.StringVar(&c.socket, "socket", envOr("EMBCACHE_AGENT_SOCKET", ""), "Unix socket to serve on ($EMBCACHE_AGENT_SOCKET)")
+	f.DurationVar(&c.computeTimeout, "compute-timeout", 5*time.Minute, "how long a client may hold a reservation before it is abandoned")
+	f.DurationVar(&c.waitStore, "wait-store", 10*time.Second, "wait this long for the store before serving")
+	f.Int64Var(&c.localMaxBytes, "local-max-bytes", 0, "local cache budget in bytes (0: the default)")
+	f.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address")
+	f.BoolVarP(&c.verbose, "verbose", "v", false, "log more")
 	cmd.AddCommand(newAgentGet())
 	return cmd
+}
+
+// run serves the agent until ctx ends; log lines go to stderr.
+func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
+	logger := newLogger(stderr, c.verbose)
+	tel, err := startTelemetry(ctx, "embcache-agent", c.metricsListen)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown()
+	if tel.addr != "" {
+		fmt.Fprintf(stderr, "embcache agent: metrics at http://%s/metrics\n", tel.addr)
+	}
+	// Pulled values land in the store the agent answers files of:
+	// received there in one pass, not pulled into memory and copied.
+	c.nf.o.PullToShm = true
+	opts := []coordinator.Option{coordinator.WithComputeTimeout(c.computeTimeout)}
+	if c.localMaxBytes > 0 {
+		opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(c.localMaxBytes)))
+	}
+	n, err := c.nf.start(ctx, logger, tel, opts...)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	wctx, cancel := context.WithTimeout(ctx, c.waitStore)
+	err = n.Ready(wctx)
+	cancel()
+	if err != nil {
+		logger.Warn("embcache agent: serving without the store (computes are not shared until it is back)", "err", err)
+	}
+	srv, err := agent.New(n.Cache(), n.Store(), agent.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	l, err := listenUnix(c.socket)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	fmt.Fprintln(stderr, "embcache agent: node", n.Name(), "listening on", c.socket)
+	return srv.Serve(l)
 }
 
 // listenUnix listens on path, replacing a socket file no one answers on.

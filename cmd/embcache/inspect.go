@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -56,10 +58,10 @@ func (c *connFlags) bucket(ctx context.Context) (kv jetstream.KeyValue, close fu
 	if err != nil {
 		return nil, nil, err
 	}
-	kv, err = js.KeyValue(ctx, coordinator.DefaultBucket)
+	kv, err = js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("bucket %s: %w", coordinator.DefaultBucket, err)
+		return nil, nil, fmt.Errorf("bucket %s: %w", lease.DefaultBucket, err)
 	}
 	return kv, nc.Close, nil
 }
@@ -68,6 +70,11 @@ func newLeases() *cobra.Command {
 	var cf connFlags
 	cmd := &cobra.Command{Use: "leases", Short: "List and show lease records"}
 	cf.register(cmd.PersistentFlags())
+	cmd.AddCommand(newLeasesLs(&cf), newLeasesGet(&cf))
+	return cmd
+}
+
+func newLeasesLs(cf *connFlags) *cobra.Command {
 	var tenant string
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -104,7 +111,11 @@ func newLeases() *cobra.Command {
 		},
 	}
 	ls.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
-	get := &cobra.Command{
+	return ls
+}
+
+func newLeasesGet(cf *connFlags) *cobra.Command {
+	return &cobra.Command{
 		Use:   "get <tenant>.<keyhex> | <tenant>.inv.<keyhex>",
 		Short: "Print a lease record or an invalidation's tombstone (JSON)",
 		Args:  cobra.ExactArgs(1),
@@ -132,7 +143,7 @@ func newLeases() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", e.Value())
-			if _, err := coordinator.DecodeRecord(e.Value()); err != nil {
+			if _, err := lease.DecodeRecord(e.Value()); err != nil {
 				// Printed as it is (what an operator needs to see), and an
 				// error: the processes cannot read it either.
 				return fmt.Errorf("%s (revision %d) does not decode: %w", args[0], e.Revision(), err)
@@ -140,8 +151,6 @@ func newLeases() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(ls, get)
-	return cmd
 }
 
 func newEvents() *cobra.Command {
@@ -170,55 +179,9 @@ func newEvents() *cobra.Command {
 				}
 				opts.Tenants = []string{tenant}
 			}
-			nc, js, err := cf.connect()
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			ctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			printed := 0
-			out := make(chan events.Event, 64)
-			sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
-				select {
-				case out <- e:
-				case <-ctx.Done():
-				}
-			})
-			if err != nil {
-				return err
-			}
-			defer sub.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case e := <-out:
-					line := map[string]any{"kind": e.Kind.String(), "tenant": e.Tenant, "key": e.Key.String(),
-						"node": e.Node, "time": e.Time}
-					if e.Model != "" {
-						line["model"], line["epoch"] = e.Model, e.Epoch
-					}
-					if !e.Expires.IsZero() {
-						line["expires"] = e.Expires
-					}
-					if e.Location != nil {
-						line["location"] = e.Location
-					}
-					if e.Cause != 0 {
-						line["cause"] = e.Cause.String()
-					}
-					if e.Reason != "" {
-						line["reason"] = e.Reason
-					}
-					writeJSONLine(cmd.OutOrStdout(), line)
-					if printed++; count > 0 && printed >= count {
-						return nil
-					}
-				}
-			}
+			return tailEvents(ctx, &cf, opts, count, cmd.OutOrStdout())
 		},
 	}
 	tail.Flags().StringVar(&kind, "kind", "", "only this kind: published, touched, evicted, abandoned, invalidated")
@@ -227,6 +190,58 @@ func newEvents() *cobra.Command {
 	tail.Flags().IntVar(&count, "count", 0, "stop after this many events")
 	cmd.AddCommand(tail)
 	return cmd
+}
+
+// tailEvents prints events as JSON lines until ctx ends or count (> 0) are printed.
+func tailEvents(ctx context.Context, cf *connFlags, opts events.SubscribeOptions, count int, w io.Writer) error {
+	nc, js, err := cf.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make(chan events.Event, 64)
+	sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
+		select {
+		case out <- e:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Stop()
+	for printed := 0; count <= 0 || printed < count; printed++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-out:
+			writeJSONLine(w, eventLine(e))
+		}
+	}
+	return nil
+}
+
+// eventLine is how events tail prints e: its fields, the empty ones left out.
+func eventLine(e events.Event) map[string]any {
+	line := map[string]any{"kind": e.Kind.String(), "tenant": e.Tenant, "key": e.Key.String(), "node": e.Node, "time": e.Time}
+	if e.Model != "" {
+		line["model"], line["epoch"] = e.Model, e.Epoch
+	}
+	if !e.Expires.IsZero() {
+		line["expires"] = e.Expires
+	}
+	if e.Location != nil {
+		line["location"] = e.Location
+	}
+	if e.Cause != 0 {
+		line["cause"] = e.Cause.String()
+	}
+	if e.Reason != "" {
+		line["reason"] = e.Reason
+	}
+	return line
 }
 
 func newStats() *cobra.Command {
@@ -245,7 +260,7 @@ func newStats() *cobra.Command {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 3*cf.timeout)
 			defer cancel()
 			out := map[string]any{}
-			if kv, err := js.KeyValue(ctx, coordinator.DefaultBucket); err == nil {
+			if kv, err := js.KeyValue(ctx, lease.DefaultBucket); err == nil {
 				st, err := kv.Status(ctx)
 				if err != nil {
 					return err

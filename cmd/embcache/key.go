@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,9 +15,14 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// keyFlags are the key command's inputs.
+type keyFlags struct {
+	configPath, rawPath, tensorPath, tokensPath, dtype, shape string
+	blockSize                                                 int
+}
+
 func newKey() *cobra.Command {
-	var configPath, rawPath, tensorPath, tokensPath, dtype, shape string
-	var blockSize int
+	var f keyFlags
 	cmd := &cobra.Command{
 		Use:   "key --config FILE (--raw FILE | --tensor FILE --dtype D --shape A,B,.. | --tokens FILE)",
 		Short: "Print the content-addressed key of an input",
@@ -27,97 +33,107 @@ func newKey() *cobra.Command {
 			"ids. An invalid config or input exits with status 2 and names the field.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if configPath == "" {
-				return usagef("--config is required")
-			}
-			raw, err := readAtMost(configPath, cachekey.MaxConfigBytes)
+			key, mode, err := f.key()
 			if err != nil {
-				return usagef("config %s: %v", configPath, err)
-			}
-			cfg, err := cachekey.DecodeConfig(raw)
-			if err != nil {
-				return usagef("config %s: %w", configPath, err)
-			}
-			keyer, err := cachekey.NewKeyer(cfg)
-			if err != nil {
-				return usageError{err}
-			}
-			modes := 0
-			for _, p := range []string{rawPath, tensorPath, tokensPath} {
-				if p != "" {
-					modes++
-				}
-			}
-			if modes != 1 {
-				return usagef("give exactly one of --raw, --tensor, --tokens")
-			}
-			var key cachekey.Key
-			var mode cachekey.Mode
-			switch {
-			case rawPath != "":
-				f, err := os.Open(rawPath)
-				if err != nil {
-					return usagef("%v", err)
-				}
-				defer f.Close()
-				if key, err = keyer.RawBytesFrom(f); err != nil {
-					return keyInputError(err)
-				}
-				mode = cachekey.ModeRawBytes
-			case tensorPath != "":
-				d, err := cachekey.ParseDType(dtype)
-				if err != nil {
-					return usageError{err}
-				}
-				dims, err := parseShape(shape)
-				if err != nil {
-					return err
-				}
-				f, err := os.Open(tensorPath)
-				if err != nil {
-					return usagef("%v", err)
-				}
-				defer f.Close()
-				if key, err = keyer.TensorFrom(d, dims, f); err != nil {
-					return keyInputError(err)
-				}
-				mode = cachekey.ModeTensor
-			default:
-				f, err := os.Open(tokensPath)
-				if err != nil {
-					return usagef("%v", err)
-				}
-				defer f.Close()
-				var tokens []uint32 // 4 bytes a token: the text is not held
-				words := bufio.NewScanner(f)
-				words.Split(bufio.ScanWords)
-				for words.Scan() {
-					v, err := strconv.ParseUint(words.Text(), 10, 32)
-					if err != nil {
-						return usagef("token %q: %v", words.Text(), err)
-					}
-					tokens = append(tokens, uint32(v))
-				}
-				if err := words.Err(); err != nil {
-					return usagef("%s: %v", tokensPath, err)
-				}
-				if key, err = keyer.Tokens(blockSize, tokens); err != nil {
-					return usageError{err}
-				}
-				mode = cachekey.ModeTokens
+				return err
 			}
 			return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]string{"key": key.String(), "mode": mode.String()})
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&configPath, "config", "", "preprocessing config (JSON)")
-	f.StringVar(&rawPath, "raw", "", "raw input bytes (a JPEG, a WAV)")
-	f.StringVar(&tensorPath, "tensor", "", "decoded tensor: contiguous little-endian bytes")
-	f.StringVar(&dtype, "dtype", "", "tensor dtype (float32, bfloat16, uint8, ...)")
-	f.StringVar(&shape, "shape", "", "tensor shape, comma-separated")
-	f.StringVar(&tokensPath, "tokens", "", "token ids, whitespace-separated")
-	f.IntVar(&blockSize, "block-size", cachekey.DefaultTokenBlockSize, "token block size")
+	fs := cmd.Flags()
+	fs.StringVar(&f.configPath, "config", "", "preprocessing config (JSON)")
+	fs.StringVar(&f.rawPath, "raw", "", "raw input bytes (a JPEG, a WAV)")
+	fs.StringVar(&f.tensorPath, "tensor", "", "decoded tensor: contiguous little-endian bytes")
+	fs.StringVar(&f.dtype, "dtype", "", "tensor dtype (float32, bfloat16, uint8, ...)")
+	fs.StringVar(&f.shape, "shape", "", "tensor shape, comma-separated")
+	fs.StringVar(&f.tokensPath, "tokens", "", "token ids, whitespace-separated")
+	fs.IntVar(&f.blockSize, "block-size", cachekey.DefaultTokenBlockSize, "token block size")
 	return cmd
+}
+
+// key reads the config and the one input the flags name, and keys it.
+func (f *keyFlags) key() (cachekey.Key, cachekey.Mode, error) {
+	if f.configPath == "" {
+		return cachekey.Key{}, 0, usagef("--config is required")
+	}
+	raw, err := readAtMost(f.configPath, cachekey.MaxConfigBytes)
+	if err != nil {
+		return cachekey.Key{}, 0, usagef("config %s: %v", f.configPath, err)
+	}
+	cfg, err := cachekey.DecodeConfig(raw)
+	if err != nil {
+		return cachekey.Key{}, 0, usagef("config %s: %w", f.configPath, err)
+	}
+	keyer, err := cachekey.NewKeyer(cfg)
+	if err != nil {
+		return cachekey.Key{}, 0, usageError{err}
+	}
+	if len(slices.DeleteFunc([]string{f.rawPath, f.tensorPath, f.tokensPath}, func(p string) bool { return p == "" })) != 1 {
+		return cachekey.Key{}, 0, usagef("give exactly one of --raw, --tensor, --tokens")
+	}
+	switch {
+	case f.rawPath != "":
+		key, err := keyFile(f.rawPath, keyer.RawBytesFrom)
+		return key, cachekey.ModeRawBytes, err
+	case f.tensorPath != "":
+		d, err := cachekey.ParseDType(f.dtype)
+		if err != nil {
+			return cachekey.Key{}, 0, usageError{err}
+		}
+		dims, err := parseShape(f.shape)
+		if err != nil {
+			return cachekey.Key{}, 0, err
+		}
+		key, err := keyFile(f.tensorPath, func(r io.Reader) (cachekey.Key, error) { return keyer.TensorFrom(d, dims, r) })
+		return key, cachekey.ModeTensor, err
+	}
+	tokens, err := readTokens(f.tokensPath)
+	if err != nil {
+		return cachekey.Key{}, 0, err
+	}
+	key, err := keyer.Tokens(f.blockSize, tokens)
+	if err != nil {
+		return cachekey.Key{}, 0, usageError{err}
+	}
+	return key, cachekey.ModeTokens, nil
+}
+
+// keyFile keys the stream of the file at path.
+func keyFile(path string, key func(io.Reader) (cachekey.Key, error)) (cachekey.Key, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return cachekey.Key{}, usagef("%v", err)
+	}
+	defer f.Close()
+	k, err := key(f)
+	if err != nil {
+		return k, keyInputError(err)
+	}
+	return k, nil
+}
+
+// readTokens reads whitespace-separated token ids, 4 bytes a token: the
+// text is not held.
+func readTokens(path string) ([]uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	defer f.Close()
+	var tokens []uint32
+	words := bufio.NewScanner(f)
+	words.Split(bufio.ScanWords)
+	for words.Scan() {
+		v, err := strconv.ParseUint(words.Text(), 10, 32)
+		if err != nil {
+			return nil, usagef("token %q: %v", words.Text(), err)
+		}
+		tokens = append(tokens, uint32(v))
+	}
+	if err := words.Err(); err != nil {
+		return nil, usagef("%s: %v", path, err)
+	}
+	return tokens, nil
 }
 
 func parseShape(s string) ([]int64, error) {

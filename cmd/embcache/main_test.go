@@ -19,6 +19,9 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,7 +74,7 @@ func TestDemoJSON(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
-	var r demoReport
+	var r demo.Report
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, out)
 	}
@@ -103,27 +106,6 @@ func TestUsageErrorsExit2(t *testing.T) {
 	}
 	if _, stderr, code := run(t, "stats", "--nats", "nats://127.0.0.1:1", "--timeout", "200ms"); code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
 		t.Errorf("stats against no server: exit %d: %s", code, stderr)
-	}
-}
-
-// TestPayloadMooncakeNeedsTheTag: this binary is built without -tags
-// mooncake, so asking for the transport is a usage error that says how to
-// get it, before anything connects.
-func TestPayloadMooncakeNeedsTheTag(t *testing.T) {
-	for _, cmd := range []string{"worker", "agent"} {
-		args := []string{cmd, "--payload", "mooncake", "--mooncake-master", "127.0.0.1:50051",
-			"--nats", "nats://127.0.0.1:1", "--shm-dir", t.TempDir()}
-		if cmd == "agent" {
-			args = append(args, "--socket", filepath.Join(t.TempDir(), "agent.sock"))
-		}
-		_, stderr, code := run(t, args...)
-		if code != 2 || !strings.Contains(stderr, "-tags mooncake") {
-			t.Errorf("%s --payload mooncake: exit %d, want 2 naming the tag\n%s", cmd, code, stderr)
-		}
-	}
-	if _, stderr, code := run(t, "worker", "--payload", "http", "--nats", "nats://127.0.0.1:1", "--shm-dir", t.TempDir()); code != 2 ||
-		!strings.Contains(stderr, "listen address") {
-		t.Errorf("--payload http without --payload-listen: exit %d, want 2\n%s", code, stderr)
 	}
 }
 
@@ -261,16 +243,16 @@ func startServe(t *testing.T, extra ...string) (string, *coordinator.Cache, *syn
 			t.Errorf("serve did not stop cleanly:\n%s", serveOut.String())
 		}
 	})
-	nc, err := coordinator.Connect(url, coordinator.ModeDegrade)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	var cache *coordinator.Cache
+	// The test's own node shares serve's node name and shm directory: the
+	// reconciler removes its payloads.
+	o := node.Options{NATSURL: url, Name: "n1", ShmDir: filepath.Join(dir, "shm"), Strict: true}
+	var n *node.Node
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		cache, err = coordinator.New(context.Background(), nc, coordinator.WithMode(coordinator.ModeStrict),
-			coordinator.WithEvents(0), coordinator.WithNode("n1"))
-		if err == nil {
+		var err error
+		if n, err = node.New(o); err != nil {
+			t.Fatal(err)
+		}
+		if err = n.Start(context.Background()); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -278,7 +260,8 @@ func startServe(t *testing.T, extra ...string) (string, *coordinator.Cache, *syn
 		}
 		time.Sleep(50 * time.Millisecond) // polling a process's startup, not ordering goroutines
 	}
-	t.Cleanup(func() { cache.Close() })
+	t.Cleanup(func() { n.Close() })
+	cache := n.Cache()
 	return url, cache, serveOut
 }
 
@@ -299,8 +282,8 @@ func TestServeAndInspect(t *testing.T) {
 		t.Fatalf("leases ls: %d %s %s", code, out, stderr)
 	}
 	out, stderr, code = run(t, "leases", "get", ref.KVKey(), "--nats", url)
-	var rec coordinator.Record
-	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.State != coordinator.StateCommitted || rec.Model != "m" {
+	var rec lease.Record
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.State != lease.StateCommitted || rec.Model != "m" {
 		t.Fatalf("leases get: %d %s %s", code, out, stderr)
 	}
 	// A record the processes cannot read: printed as it is, and exit 1.
@@ -365,11 +348,11 @@ func TestNatsCLIInspection(t *testing.T) {
 	}
 	cache.Release("r")
 	computing := coordinator.Ref{Tenant: "acme", Key: cachekey.Key{0x1e}, Model: "m", Epoch: 1}
-	lease, err := cache.Reserve(ctx, computing)
+	res, err := cache.Reserve(ctx, computing)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lease.Abandon(ctx, errors.New("test over"))
+	defer res.Abandon(ctx, errors.New("test over"))
 
 	nats := func(args ...string) string {
 		t.Helper()
@@ -379,19 +362,19 @@ func TestNatsCLIInspection(t *testing.T) {
 		}
 		return string(out)
 	}
-	ls := nats("kv", "ls", coordinator.DefaultBucket)
+	ls := nats("kv", "ls", lease.DefaultBucket)
 	if !strings.Contains(ls, committed.KVKey()) || !strings.Contains(ls, computing.KVKey()) {
 		t.Fatalf("nats kv ls:\n%s", ls)
 	}
-	for ref, state := range map[coordinator.Ref]coordinator.State{committed: coordinator.StateCommitted, computing: coordinator.StateComputing} {
-		raw := nats("kv", "get", coordinator.DefaultBucket, ref.KVKey(), "--raw")
-		rec, err := coordinator.DecodeRecord([]byte(strings.TrimSpace(raw)))
+	for ref, state := range map[coordinator.Ref]lease.State{committed: lease.StateCommitted, computing: lease.StateComputing} {
+		raw := nats("kv", "get", lease.DefaultBucket, ref.KVKey(), "--raw")
+		rec, err := lease.DecodeRecord([]byte(strings.TrimSpace(raw)))
 		if err != nil || rec.State != state {
 			t.Fatalf("nats kv get %s: %v\n%s", ref.KVKey(), err, raw)
 		}
 	}
 	// kv watch runs until stopped: read what it shows for the bucket, then stop it.
-	watch := exec.Command(natsCLI, "--server", url, "kv", "watch", coordinator.DefaultBucket, committed.KVKey())
+	watch := exec.Command(natsCLI, "--server", url, "kv", "watch", lease.DefaultBucket, committed.KVKey())
 	out := &syncBuffer{}
 	watch.Stdout, watch.Stderr = out, out
 	if err := watch.Start(); err != nil {

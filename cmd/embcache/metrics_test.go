@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -16,8 +18,9 @@ import (
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/cachekey"
-	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -75,7 +78,7 @@ func TestEveryProcessCountsJunk(t *testing.T) {
 	if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+key(0).String(), good); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, coordinator.DefaultBucket)
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +105,7 @@ func TestEveryProcessCountsJunk(t *testing.T) {
 	waitScrape(t, "worker", workerMetrics, want)
 	waitScrape(t, "agent", agentMetrics, want)
 
-	var ws workerStats
+	var ws demo.WorkerStats
 	if err := getJSON(ctx, scraper, "http://"+workerAddr+"/v1/stats", &ws); err != nil {
 		t.Fatal(err)
 	}
@@ -217,4 +220,21 @@ func sample(body, want string) float64 {
 		return -1
 	}
 	return total
+}
+
+// getJSON decodes what url answers 200 with into v.
+func getJSON(ctx context.Context, c *http.Client, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }

@@ -17,25 +17,34 @@ import (
 type nodeFlags struct {
 	o          node.Options
 	user, pass string
+	nats       []nats.Option // more connection options (serve's TLS)
 }
 
+// register adds every flag of a node with a Cache (worker, agent).
 func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	o := &f.o
 	fs.StringVar(&o.NATSURL, "nats", envOr("EMBCACHE_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated ($EMBCACHE_NATS)")
 	fs.StringVar(&f.user, "user", "", "NATS user")
 	fs.StringVar(&f.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
-	fs.StringVar(&o.Name, "node", hostname(), "this node's name in leases and locations")
-	fs.StringVar(&o.ShmDir, "shm-dir", shm.DefaultDir, "shared-memory payload directory")
-	fs.StringVar(&o.Payload, "payload", "", "payload transport this node writes with: shm, http or mooncake (default http with --payload-listen, else shm)")
-	fs.StringVar(&o.PayloadListen, "payload-listen", "", "serve payloads over HTTP on this address (for other nodes)")
+	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
 	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>)")
-	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token for payload pulls ($EMBCACHE_PAYLOAD_TOKEN)")
-	fs.IntVar(&o.Replicas, "replicas", 1, "replicas of the bucket and stream when this process creates them")
-	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL")
-	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL")
 	fs.DurationVar(&o.PayloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&o.Strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
+}
+
+// registerServing adds the flags a node without a Cache (serve) takes too:
+// its name, shm store, payload transport and the cluster's TTLs.
+func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp string) {
+	o := &f.o
+	fs.StringVar(&o.Name, "node", hostname(), "this node's name in leases and locations")
+	fs.StringVar(&o.ShmDir, "shm-dir", shm.DefaultDir, "shared-memory payload directory")
 	fs.Int64Var(&o.ShmMaxBytes, "shm-max-bytes", 0, "budget of the shm payload store in bytes (0: the store's default)")
+	fs.StringVar(&o.Payload, "payload", "", "payload transport this node writes with: shm, http or mooncake (default http with --payload-listen, else shm)")
+	fs.StringVar(&o.PayloadListen, "payload-listen", "", "serve payloads over HTTP on this address (for other nodes)")
+	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token for payload pulls ($EMBCACHE_PAYLOAD_TOKEN)")
+	fs.IntVar(&o.Replicas, "replicas", 1, replicasHelp)
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
+	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL")
 	m := &o.Mooncake
 	fs.StringVar(&m.MasterServerAddr, "mooncake-master", "", "--payload mooncake: the master server's address (host:port)")
 	fs.StringVar(&m.Library, "mooncake-lib", "", "--payload mooncake: path of libmooncake_store.so (default: the loader's search path)")
@@ -51,8 +60,9 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 // combination of flags, or a transport this binary lacks, is a usage error.
 func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *telemetry, extra ...coordinator.Option) (*node.Node, error) {
 	o := f.o
+	o.NATSOptions = f.nats
 	if f.user != "" {
-		o.NATSOptions = []nats.Option{nats.UserInfo(f.user, f.pass)}
+		o.NATSOptions = append(o.NATSOptions, nats.UserInfo(f.user, f.pass))
 	}
 	o.Logger, o.Cache = logger, extra
 	if tel != nil {
@@ -62,14 +72,20 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *telemet
 		}
 	}
 	n, err := node.New(o)
-	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) {
-		return nil, usageError{err}
-	}
 	if err != nil {
-		return nil, err
+		return nil, nodeError(err)
 	}
 	if err := n.Start(ctx); err != nil {
 		return nil, err
 	}
 	return n, nil
+}
+
+// nodeError makes node.New's errors usage errors: flags that do not go
+// together, or a transport this binary lacks.
+func nodeError(err error) error {
+	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) {
+		return usageError{err}
+	}
+	return err
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/embcache/embcache/coordinator"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -57,14 +56,6 @@ func startTelemetry(ctx context.Context, service, listen string) (*telemetry, er
 		go t.server.Serve(l)
 	}
 	return t, nil
-}
-
-func (t *telemetry) options() []coordinator.Option {
-	opts := []coordinator.Option{coordinator.WithMeterProvider(t.mp)}
-	if t.tp != nil {
-		opts = append(opts, coordinator.WithTracerProvider(t.tp))
-	}
-	return opts
 }
 
 func (t *telemetry) shutdown() {

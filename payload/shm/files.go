@@ -4,16 +4,12 @@ import (
 	"iter"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/embcache/embcache/payload"
 )
 
 // File is a value's file in the store, as Files lists it.
-type File struct {
-	Location payload.Location // its Location, with the checksum its trailer holds
-	ModTime  time.Time        // when it was put in place
-}
+type File = payload.StoredFile
 
 // Files lists the values' files in the store (not the temp files of
 // writers at work), one directory read per tenant; a file that goes or

@@ -64,12 +64,16 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 		connect = func() (*nats.Conn, error) { return coordinator.Connect(cl.ClientURLs(), coordinator.ModeDegrade) }
 	}
 	store := payload.NewMemoryStore("bench", 0)
+	plane, err := payload.NewRouter("bench", payload.TransportMemory, store)
+	if err != nil {
+		return nil, err
+	}
 	newCache := func(opts ...coordinator.Option) (*coordinator.Cache, func(), error) {
 		nc, err := connect()
 		if err != nil {
 			return nil, nil, err
 		}
-		c, err := coordinator.New(ctx, nc, append([]coordinator.Option{coordinator.WithTransport(payload.TransportMemory, store),
+		c, err := coordinator.New(ctx, nc, append([]coordinator.Option{coordinator.WithPayload(plane),
 			coordinator.WithNode("bench"), coordinator.WithReplicas(replicas)}, opts...)...)
 		if err != nil {
 			nc.Close()
@@ -139,7 +143,7 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 	miss := func() error {
 		var err error
 		for range 3 {
-			var l *coordinator.Lease
+			var l *coordinator.Reservation
 			if l, err = holder.Reserve(ctx, fresh()); err != nil {
 				return err
 			}

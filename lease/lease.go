@@ -1,4 +1,4 @@
-package coordinator
+package lease
 
 import (
 	"context"
@@ -9,6 +9,73 @@ import (
 
 	"github.com/embcache/embcache/payload"
 )
+
+// Clock tells the time. Deadlines are measured with it; tests inject a
+// fake one so that no lease test waits out a TTL.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Op is what a lease was doing when it was lost.
+type Op uint8
+
+// Ops.
+const (
+	OpRenew  Op = iota + 1 // a heartbeat
+	OpCommit               // Held or Commit
+)
+
+// String returns "renew" or "commit".
+func (o Op) String() string {
+	switch o {
+	case OpRenew:
+		return "renew"
+	case OpCommit:
+		return "commit"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Config is how a lease is held. TTL is required.
+type Config struct {
+	TTL       time.Duration // the lease's TTL: each revision lives this long unless renewed
+	OpTimeout time.Duration // bound of each store call (default 2s)
+	Clock     Clock         // default: the system clock
+	Hooks     Hooks
+}
+
+// Hooks hear what happens to leases; every field is optional. They are
+// called on the lease's goroutines, never under its locks: keep them fast.
+type Hooks struct {
+	// Lost is called once for a lease that is lost, with what found it:
+	// a renewal (OpRenew), or Held or Commit (OpCommit).
+	Lost func(l *Lease, during Op, err error)
+	// Late is called for a write acknowledged after its deadline (it is
+	// not trusted: the server's TTL marker may wipe it).
+	Late func(key string)
+	// Ended is called when a lease's heartbeats have stopped: it was
+	// committed, abandoned, lost, or stopped.
+	Ended func(l *Lease)
+	// Answered sees, and may replace, the answer to each of a lease's
+	// writes ("write") and reads ("read") before it is judged: fault
+	// injection for tests.
+	Answered func(op string, err error) error
+}
+
+func (c *Config) validate() error {
+	if c.TTL <= 0 {
+		return fmt.Errorf("lease: TTL must be > 0, got %v", c.TTL)
+	}
+	if c.OpTimeout <= 0 {
+		c.OpTimeout = 2 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	return nil
+}
 
 // Lease is this process's exclusive right to compute one key, held on the
 // KV bucket. Its revision is the fencing token: every write it makes is
@@ -24,9 +91,8 @@ import (
 // whose deadline passes without a renewal landing is lost
 // (docs/protocol.md, section 3).
 type Lease struct {
-	c     *Cache
-	ls    *leaseStore
-	ref   Ref
+	b     *Bucket
+	cfg   Config
 	key   string // KV key
 	ttl   time.Duration
 	clock Clock
@@ -53,11 +119,11 @@ type Lease struct {
 
 // errCommitted ends a lease's renewals: its commit landed (found by a
 // settle after the commit call had returned).
-var errCommitted = errors.New("coordinator: the lease's commit landed")
+var errCommitted = errors.New("lease: the lease's commit landed")
 
 // errRaced is a write refused because an earlier write of the same lease,
 // whose acknowledgement was lost, had landed: write again.
-var errRaced = errors.New("coordinator: an earlier write of this lease moved its revision")
+var errRaced = errors.New("lease: an earlier write of this lease moved its revision")
 
 // attempt is a write whose acknowledgement did not come back: it may land
 // later. Its record is told apart from the others by its heartbeat time.
@@ -67,22 +133,50 @@ type attempt struct {
 	ttl       time.Duration
 }
 
-// newLease starts renewing the lease at rev, made by a write sent at sent.
-func newLease(c *Cache, ls *leaseStore, ref Ref, key string, rev uint64, rec Record, sent time.Time) *Lease {
-	ttl := c.s.leaseTTL
-	l := &Lease{c: c, ls: ls, ref: ref, key: key, ttl: ttl, clock: c.s.clock,
-		rev: rev, sent: sent, deadline: sent.Add(ttl), rec: rec,
+// Acquire takes key with rec, a computing record, and starts renewing it
+// every third of cfg.TTL. The record's Reserved is set to the revision the
+// create made, and carried by the renewals and the commit. ErrHeld means
+// the key is live; ErrLate that the create was acknowledged after its TTL
+// (the key was given back: try again).
+func Acquire(ctx context.Context, b *Bucket, key string, rec Record, cfg Config) (*Lease, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if rec.State != StateComputing {
+		return nil, fmt.Errorf("%w: a lease is taken with a computing record, not %v", ErrBadRecord, rec.State)
+	}
+	octx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
+	sent := cfg.Clock.Now()
+	rev, err := b.Create(octx, key, rec, cfg.TTL)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if late := cfg.Clock.Now().Sub(sent.Add(cfg.TTL)); late >= 0 {
+		if h := cfg.Hooks.Late; h != nil {
+			h(key)
+		}
+		octx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
+		b.Purge(octx, key, rev)
+		cancel()
+		return nil, fmt.Errorf("%w: %s acknowledged %v after its TTL", ErrLate, key, late)
+	}
+	rec.Reserved = rev
+	l := &Lease{b: b, cfg: cfg, key: key, ttl: cfg.TTL, clock: cfg.Clock,
+		rev: rev, sent: sent, deadline: sent.Add(cfg.TTL), rec: rec,
 		done: make(chan struct{}), stopBeats: make(chan struct{}), beatsDone: make(chan struct{})}
 	go func() {
 		defer close(l.beatsDone)
 		l.heartbeat()
-		c.forget(l)
+		if h := cfg.Hooks.Ended; h != nil {
+			h(l)
+		}
 	}()
-	return l
+	return l, nil
 }
 
-// Ref returns the key the lease is for.
-func (l *Lease) Ref() Ref { return l.ref }
+// Key returns the KV key the lease is on.
+func (l *Lease) Key() string { return l.key }
 
 // Revision returns the lease's current revision: its fencing token.
 func (l *Lease) Revision() uint64 {
@@ -95,7 +189,7 @@ func (l *Lease) Revision() uint64 {
 // abandoned, or lost (then Err says why).
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
-// Err returns ErrLeaseLost (wrapped) if the lease was lost, else nil.
+// Err returns ErrLost (wrapped) if the lease was lost, else nil.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -140,10 +234,8 @@ func (l *Lease) beat(ctx context.Context) (time.Duration, bool) {
 	case errors.Is(err, errCommitted):
 		l.finish()
 		return 0, false
-	case errors.Is(err, ErrLeaseLost):
-		if l.lose(err) {
-			l.c.stats.leasesLost.Add(1)
-		}
+	case errors.Is(err, ErrLost):
+		l.lose(err, OpRenew)
 		return 0, false
 	}
 	return l.ttl / 10, true
@@ -169,7 +261,7 @@ func (l *Lease) renewLocked(ctx context.Context) error {
 }
 
 // writeLocked publishes rec on the lease's revision with ttl. nil: it landed
-// in time, and the lease is at the new revision. ErrLeaseLost: the revision
+// in time, and the lease is at the new revision. ErrLost: the revision
 // is someone else's, has run out, or what landed came too late to trust.
 // Any other error: the outcome is unknown; the write is kept pending and
 // the next one first finds out whether it landed.
@@ -187,14 +279,14 @@ func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) 
 	sent := l.clock.Now()
 	left := deadline.Sub(sent)
 	if left <= 0 {
-		return 0, fmt.Errorf("%w: %s: no renewal of revision %d landed within the lease TTL", ErrLeaseLost, l.key, rev)
+		return 0, fmt.Errorf("%w: %s: no renewal of revision %d landed within the lease TTL", ErrLost, l.key, rev)
 	}
 	// An answer after the deadline is worthless: do not wait for one.
-	octx, cancel := context.WithTimeout(ctx, min(l.c.s.opTimeout, left))
+	octx, cancel := context.WithTimeout(ctx, min(l.cfg.OpTimeout, left))
 	l.pending = append(l.pending, attempt{heartbeat: rec.Heartbeat, sent: sent, ttl: ttl})
-	newRev, err := l.ls.cas(octx, l.key, rev, rec, ttl)
+	newRev, err := l.b.CompareAndSet(octx, l.key, rev, rec, ttl)
 	cancel()
-	if h := l.c.s.answered; h != nil {
+	if h := l.cfg.Hooks.Answered; h != nil {
 		err = h("write", err)
 	}
 	acked := l.clock.Now()
@@ -202,28 +294,28 @@ func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) 
 	case err == nil:
 		l.pending = nil
 		if !acked.Before(deadline) {
-			l.c.stats.lateWrites.Add(1)
+			l.late()
 			if rec.State == StateComputing {
 				// Nobody renews it: let the waiters have the key now.
-				pctx, cancel := l.c.opContext(ctx)
-				l.ls.purge(pctx, l.key, newRev)
+				pctx, cancel := context.WithTimeout(ctx, l.cfg.OpTimeout)
+				l.b.Purge(pctx, l.key, newRev)
 				cancel()
 			}
 			return 0, fmt.Errorf("%w: %s: revision %d acknowledged %v after its deadline (the server's TTL marker may wipe it)",
-				ErrLeaseLost, l.key, newRev, acked.Sub(deadline))
+				ErrLost, l.key, newRev, acked.Sub(deadline))
 		}
 		l.advance(newRev, sent, ttl, rec)
 		return newRev, nil
-	case errors.Is(err, ErrLeaseLost) && len(l.pending) > 1:
+	case errors.Is(err, ErrLost) && len(l.pending) > 1:
 		// An earlier write of ours may be what moved the key on.
 		if serr := l.settleLocked(ctx); serr != nil {
 			return 0, serr
 		}
 		return 0, errRaced // the next write goes on the revision settle found
-	case errors.Is(err, ErrLeaseLost):
+	case errors.Is(err, ErrLost):
 		l.pending = nil
 		return 0, err
-	case isRefusal(err):
+	case IsRefusal(err):
 		l.pending = l.pending[:len(l.pending)-1] // the server answered: nothing was stored
 		return 0, err
 	}
@@ -239,12 +331,12 @@ func (l *Lease) settleLocked(ctx context.Context) error {
 	rev, deadline := l.position()
 	left := deadline.Sub(l.clock.Now())
 	if left <= 0 {
-		return fmt.Errorf("%w: %s: the outcome of a write on revision %d is unknown past its deadline", ErrLeaseLost, l.key, rev)
+		return fmt.Errorf("%w: %s: the outcome of a write on revision %d is unknown past its deadline", ErrLost, l.key, rev)
 	}
-	octx, cancel := context.WithTimeout(ctx, min(l.c.s.opTimeout, left))
-	cur, err := l.ls.read(octx, l.key)
+	octx, cancel := context.WithTimeout(ctx, min(l.cfg.OpTimeout, left))
+	cur, err := l.b.Read(octx, l.key)
 	cancel()
-	if h := l.c.s.answered; h != nil {
+	if h := l.cfg.Hooks.Answered; h != nil {
 		err = h("read", err)
 	}
 	answered := l.clock.Now()
@@ -253,30 +345,30 @@ func (l *Lease) settleLocked(ctx context.Context) error {
 	}
 	nonce := l.record().Nonce
 	switch {
-	case err == nil && cur.live && cur.rev == rev:
+	case err == nil && cur.Live && cur.Rev == rev:
 		return nil
-	case err != nil || !cur.live || cur.record.Nonce != nonce:
+	case err != nil || !cur.Live || cur.Record.Nonce != nonce:
 		l.pending = nil
-		return fmt.Errorf("%w: %s moved past revision %d", ErrLeaseLost, l.key, rev)
+		return fmt.Errorf("%w: %s moved past revision %d", ErrLost, l.key, rev)
 	case !answered.Before(deadline):
 		l.pending = nil
-		l.c.stats.lateWrites.Add(1)
-		return fmt.Errorf("%w: %s: our write at revision %d was seen only after the deadline", ErrLeaseLost, l.key, cur.rev)
-	case l.ls.direct:
+		l.late()
+		return fmt.Errorf("%w: %s: our write at revision %d was seen only after the deadline", ErrLost, l.key, cur.Rev)
+	case l.b.Direct():
 		// A follower may have applied the write before the leader, whose
 		// TTL sweep can still wipe it: only the leader's answer proves it.
 		l.pending = nil
-		return fmt.Errorf("%w: %s: our write at revision %d was seen by a direct read, which does not prove it", ErrLeaseLost, l.key, cur.rev)
+		return fmt.Errorf("%w: %s: our write at revision %d was seen by a direct read, which does not prove it", ErrLost, l.key, cur.Rev)
 	}
 	for _, a := range l.pending {
-		if a.heartbeat.Equal(cur.record.Heartbeat) {
+		if a.heartbeat.Equal(cur.Record.Heartbeat) {
 			l.pending = nil
-			l.advance(cur.rev, a.sent, a.ttl, cur.record)
+			l.advance(cur.Rev, a.sent, a.ttl, cur.Record)
 			return nil
 		}
 	}
 	l.pending = nil
-	return fmt.Errorf("%w: %s: revision %d holds a record of this lease that it did not send", ErrLeaseLost, l.key, cur.rev)
+	return fmt.Errorf("%w: %s: revision %d holds a record of this lease that it did not send", ErrLost, l.key, cur.Rev)
 }
 
 func (l *Lease) position() (uint64, time.Time) {
@@ -285,10 +377,19 @@ func (l *Lease) position() (uint64, time.Time) {
 	return l.rev, l.deadline
 }
 
+// Record returns the record the lease last wrote.
+func (l *Lease) Record() Record { return l.record() }
+
 func (l *Lease) record() Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.rec
+}
+
+func (l *Lease) late() {
+	if h := l.cfg.Hooks.Late; h != nil {
+		h(l.key)
+	}
 }
 
 func (l *Lease) advance(rev uint64, sent time.Time, ttl time.Duration, rec Record) {
@@ -303,16 +404,20 @@ func (l *Lease) isEnded() bool {
 	return l.ended
 }
 
-// lose ends the lease with err; false if it had already ended.
-func (l *Lease) lose(err error) bool {
+// lose ends the lease with err, found during op, and tells the Lost hook,
+// unless it had already ended.
+func (l *Lease) lose(err error, during Op) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.ended {
-		return false
+		l.mu.Unlock()
+		return
 	}
 	l.err = err
 	l.endLocked()
-	return true
+	l.mu.Unlock()
+	if h := l.cfg.Hooks.Lost; h != nil {
+		h(l, during, err)
+	}
 }
 
 // finish ends the lease without an error.
@@ -333,61 +438,46 @@ func (l *Lease) endLocked() {
 	l.stopOnce.Do(func() { close(l.stopBeats) })
 }
 
-// Commit writes v through the payload plane and then, on the lease's
-// revision, turns the record into a committed one with the store TTL. If
-// the lease was lost, nothing is claimed and the error wraps ErrLeaseLost;
-// v is still correct (keys are content addresses), it is just not the
-// cluster's copy. A commit acknowledged too late to trust is such a case.
-func (l *Lease) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
-	if err := l.check(); err != nil {
-		l.refused(err, false)
-		return payload.Location{}, err
-	}
-	// Past its deadline the key may be someone else's, and their value's
-	// payload under the same name: a Put of other bytes would replace it.
+// Held returns nil while the lease is held: not ended, and before its
+// revision's deadline. Past the deadline the key may already be someone
+// else's (and a payload written under its name theirs), so the lease is
+// lost and the error wraps ErrLost. Call it before a write that must not
+// happen unless the lease is held, such as a value's payload.
+func (l *Lease) Held() error {
 	l.mu.Lock()
+	if l.ended {
+		defer l.mu.Unlock()
+		return l.endedErr()
+	}
 	deadline := l.deadline
 	l.mu.Unlock()
 	if now := l.clock.Now(); !now.Before(deadline) {
-		err := fmt.Errorf("%w: %s past its deadline (%v ago) before the payload write", ErrLeaseLost, l.key, now.Sub(deadline))
-		l.refused(err, l.lose(err))
-		return payload.Location{}, err
+		err := fmt.Errorf("%w: %s past its deadline (%v ago)", ErrLost, l.key, now.Sub(deadline))
+		l.lose(err, OpCommit)
+		return l.check()
 	}
-	// The write can be long: heartbeats go on while it runs.
-	loc, err := l.c.router.put(ctx, l.ref.Object(), v)
-	if err != nil {
-		return payload.Location{}, err
-	}
+	return nil
+}
+
+// Commit turns the record into the committed record of v at loc, on the
+// lease's revision, with ttl (the store TTL), and returns the revision it
+// landed at; the lease then ends. If the lease was lost nothing is
+// claimed and the error wraps ErrLost; a commit acknowledged too late to
+// trust is such a case.
+func (l *Lease) Commit(ctx context.Context, loc payload.Location, v *payload.Value, ttl time.Duration) (uint64, error) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
-	rev, err := l.commitLocked(ctx, loc, v)
+	rev, err := l.commitLocked(ctx, loc, v, ttl)
 	if err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			l.refused(err, l.lose(err)) // counted once: by the commit, or by the heartbeat that lost it
+		if errors.Is(err, ErrLost) {
+			l.lose(err, OpCommit)
 		}
-		return payload.Location{}, err
+		return 0, err
 	}
 	l.mu.Lock()
 	l.endLocked()
 	l.mu.Unlock()
-	if l.c.s.onCommit != nil {
-		l.c.s.onCommit(l.ref, rev)
-	}
-	if o := l.c.s.observer; o != nil {
-		o.Committed(l.ref, rev, loc.Checksum)
-	}
-	return loc, nil
-}
-
-// refused reports a commit the lease could not make, and counts it if
-// the commit is what found the lease lost.
-func (l *Lease) refused(err error, count bool) {
-	if count {
-		l.c.stats.commitsRefused.Add(1)
-	}
-	if o := l.c.s.observer; o != nil {
-		o.Refused(l.ref, l.Revision(), err)
-	}
+	return rev, nil
 }
 
 // commitLocked publishes the committed record on the lease's revision. A
@@ -395,7 +485,7 @@ func (l *Lease) refused(err error, count bool) {
 // retried; the lease is renewed first whenever its revision is older than
 // a third of its TTL, so a slow commit keeps the lease rather than racing
 // its deadline. It ends by the deadline at the latest.
-func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *payload.Value) (uint64, error) {
+func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *payload.Value, ttl time.Duration) (uint64, error) {
 	giveUp := time.Now().Add(commitRetryFor)
 	for {
 		err := l.check()
@@ -415,19 +505,19 @@ func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *paylo
 			}
 		}
 		if err == nil {
-			rec := l.record().committed(loc, v, l.clock.Now(), l.c.s.storeTTL)
+			rec := l.record().Committed(loc, v, l.clock.Now(), ttl)
 			var rev uint64
-			if rev, err = l.writeLocked(ctx, rec, l.c.s.storeTTL); err == nil {
+			if rev, err = l.writeLocked(ctx, rec, ttl); err == nil {
 				return rev, nil
 			}
 		}
 		switch {
-		case errors.Is(err, ErrLeaseLost) || ctx.Err() != nil || isRefusal(err):
+		case errors.Is(err, ErrLost) || ctx.Err() != nil || IsRefusal(err):
 			return 0, err
 		case errors.Is(err, errRaced):
 			continue // settled: the loop's top sees what landed
 		case time.Now().After(giveUp):
-			return 0, fmt.Errorf("coordinator: committing %v: gave up after %v: %w", l.ref, commitRetryFor, err)
+			return 0, fmt.Errorf("lease: committing %s: gave up after %v: %w", l.key, commitRetryFor, err)
 		}
 		if err := sleepCtx(ctx, l.ttl/10); err != nil {
 			return 0, err
@@ -439,14 +529,10 @@ func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *paylo
 // unknown; the lease stays renewed meanwhile.
 const commitRetryFor = time.Minute
 
-func (l *Lease) expires() time.Time {
-	return l.record().Expires
-}
-
-// Abandon gives the key up after a failed compute: the record is purged
-// (if the lease still holds it) so that a waiter or a later call can
-// compute it. cause is only for the caller's logs.
-func (l *Lease) Abandon(ctx context.Context, cause error) error {
+// Abandon gives the key up: the record is purged (if the lease still
+// holds it) so that a waiter or a later call can take it. On a lease that
+// has already ended it returns that end's error (wrapping ErrLost).
+func (l *Lease) Abandon(ctx context.Context) error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	l.mu.Lock()
@@ -460,10 +546,10 @@ func (l *Lease) Abandon(ctx context.Context, cause error) error {
 		l.settleLocked(ctx) // purge the revision a pending write made, if one did
 	}
 	rev, _ := l.position()
-	octx, cancel := l.c.opContext(ctx)
+	octx, cancel := context.WithTimeout(ctx, l.cfg.OpTimeout)
 	defer cancel()
-	if err := l.ls.purge(octx, l.key, rev); err != nil && !errors.Is(err, ErrLeaseLost) {
-		return fmt.Errorf("coordinator: abandoning %v after %v: %w", l.ref, cause, err)
+	if err := l.b.Purge(octx, l.key, rev); err != nil && !errors.Is(err, ErrLost) {
+		return fmt.Errorf("lease: abandoning %s: %w", l.key, err)
 	}
 	return nil
 }
@@ -481,12 +567,26 @@ func (l *Lease) endedErr() error {
 	if l.err != nil {
 		return l.err
 	}
-	return fmt.Errorf("%w: lease on %v already ended", ErrLeaseLost, l.ref)
+	return fmt.Errorf("%w: lease on %s already ended", ErrLost, l.key)
 }
 
-// stopHeartbeats stops renewing the lease without ending it: what a
-// process paused past its lease looks like. For tests, and for Close.
-func (l *Lease) stopHeartbeats() {
+// Stop stops renewing the lease without ending it and waits for the
+// heartbeats to stop: the key stays held until its TTL runs out on the
+// server, as for a process that stopped. For a holder's Close, and for
+// tests of a paused holder.
+func (l *Lease) Stop() {
 	l.stopOnce.Do(func() { close(l.stopBeats) })
 	<-l.beatsDone
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

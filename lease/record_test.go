@@ -1,4 +1,4 @@
-package coordinator
+package lease
 
 import (
 	"encoding/json"
@@ -11,20 +11,20 @@ import (
 
 func validCommitted() Record {
 	loc := payload.Location{Transport: "shm", Node: "n", Address: "/dev/shm/embcache",
-		Object: ref(1).Object().String(), Size: 4160, Checksum: payload.Checksum{9}}
+		Object: object(1).String(), Size: 4160, Checksum: payload.Checksum{9}}
 	now := time.Unix(1_800_000_000, 0).UTC()
 	r := Record{V: RecordVersion, State: StateComputing, Owner: "n/1/ab", Nonce: "cd", Started: now, Heartbeat: now}
-	return r.committed(loc, embedding(1), now, time.Hour)
+	return r.Committed(loc, value(), now, time.Hour)
 }
 
 func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 	good := validCommitted()
-	if _, err := DecodeRecord(good.encode()); err != nil {
+	if _, err := DecodeRecord(good.Encode()); err != nil {
 		t.Fatalf("a valid record: %v", err)
 	}
 	edit := func(f func(m map[string]any)) []byte {
 		var m map[string]any
-		json.Unmarshal(good.encode(), &m)
+		json.Unmarshal(good.Encode(), &m)
 		f(m)
 		b, _ := json.Marshal(m)
 		return b
@@ -32,7 +32,7 @@ func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"empty":              nil,
 		"not json":           []byte("committed"),
-		"truncated":          good.encode()[:40],
+		"truncated":          good.Encode()[:40],
 		"array":              []byte("[1,2]"),
 		"unknown version":    edit(func(m map[string]any) { m["v"] = 2 }),
 		"no version":         edit(func(m map[string]any) { delete(m, "v") }),
@@ -59,10 +59,10 @@ func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 // protocol's rules or fail with ErrBadRecord; never a panic.
 func FuzzDecodeRecord(f *testing.F) {
 	good := validCommitted()
-	f.Add(good.encode())
+	f.Add(good.Encode())
 	computing := good
 	computing.State, computing.Location = StateComputing, nil
-	f.Add(computing.encode())
+	f.Add(computing.Encode())
 	f.Add([]byte(`{"v":1,"state":"committed","owner":"x","location":{"transport":"shm","object":"a/b","size":64}}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1,4 +1,4 @@
-package coordinator
+package reconciler
 
 import (
 	"context"
@@ -11,34 +11,36 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ReconcilerKey is the KV key the reconcilers elect their active one on.
+// ElectionKey is the KV key the reconcilers elect their active one on.
 // It has no '.', so it can never be a tenant's key.
-const ReconcilerKey = "_reconciler"
+const ElectionKey = "_reconciler"
 
-// ReconcilerDurable is the durable consumer the active reconciler reads
-// events with; a successor resumes where its predecessor acknowledged.
-const ReconcilerDurable = "embcache-reconciler"
+// Durable is the durable consumer the active reconciler reads events
+// with; a successor resumes where its predecessor acknowledged.
+const Durable = "embcache-reconciler"
 
-// Reconciler keeps the store in step with the events: it extends a
-// committed record's TTL when its value is touched, removes payloads whose
-// record expired and announces it (evicted), and carries out
-// invalidations. Run any number; one is active at a time, elected with a
-// lease on ReconcilerKey, and a standby takes over when it dies.
+// ScopeName is the instrumentation scope of the package's metrics.
+const ScopeName = "github.com/embcache/embcache/reconciler"
+
+// Reconciler keeps the bucket in step with the events (see the package
+// docs). Run any number; one is active at a time.
 type Reconciler struct {
 	s     settings
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	id    string
-	stats reconcilerStats
-	tel   *reconcilerInstruments
+	stats counters
+	tel   *instruments
 }
 
-type reconcilerStats struct {
+type counters struct {
 	elected atomic.Uint64
 	actions [numActions]atomic.Uint64
 	active  atomic.Bool
@@ -75,8 +77,8 @@ func (r *Reconciler) did(a action) {
 	r.tel.actions.Add(context.Background(), 1, actionAttrs[a])
 }
 
-// ReconcilerStats counts what a reconciler did.
-type ReconcilerStats struct {
+// Stats counts what a reconciler did.
+type Stats struct {
 	Elected        uint64 // times it became active
 	Touches        uint64 // record TTLs extended
 	LateTouches    uint64 // touches acknowledged after the record's expiry: not trusted
@@ -87,11 +89,12 @@ type ReconcilerStats struct {
 	Active         bool
 }
 
-// NewReconciler returns a reconciler over nc. It uses the Cache options
-// that concern it: bucket, replicas, lease and store TTLs, node, the
-// transports it may delete payloads with (WithTransport, WithGetter),
-// logger, meter provider (docs/metrics.md).
-func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
+// New returns a reconciler over nc (which the caller keeps and closes).
+// Run starts it. The error wraps ErrInvalidOption for a bad option.
+func New(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
+	}
 	s := defaults()
 	for _, opt := range opts {
 		if err := opt(&s); err != nil {
@@ -102,7 +105,7 @@ func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	tel, err := newReconcilerInstruments(s.meterProvider)
+	tel, err := newInstruments(s.meterProvider)
 	if err != nil {
 		return nil, err
 	}
@@ -114,9 +117,9 @@ func NewReconciler(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 }
 
 // Stats returns the counters.
-func (r *Reconciler) Stats() ReconcilerStats {
+func (r *Reconciler) Stats() Stats {
 	n := func(a action) uint64 { return r.stats.actions[a].Load() }
-	return ReconcilerStats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
+	return Stats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
 		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
 		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), Active: r.stats.active.Load()}
 }
@@ -124,20 +127,20 @@ func (r *Reconciler) Stats() ReconcilerStats {
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
-		ls, err := r.store(ctx)
+		b, err := r.bucket(ctx)
 		if err == nil {
-			var lease *Lease
-			lease, err = r.campaign(ctx, ls)
+			var el *lease.Lease
+			el, err = r.campaign(ctx, b)
 			if err == nil {
 				r.stats.elected.Add(1)
 				r.stats.active.Store(true)
 				r.tel.elections.Add(ctx, 1)
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
-				err = r.active(ctx, ls, lease)
+				err = r.active(ctx, b, el)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
-				lease.stopHeartbeats()
+				el.Stop()
 				if ctx.Err() == nil {
 					r.s.logger.Warn("embcache: reconciler stepped down", "id", r.id, "err", err)
 				}
@@ -146,7 +149,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil && !errors.Is(err, ErrHeld) && !errors.Is(err, ErrLeaseLost) {
+		if err != nil && !errors.Is(err, lease.ErrHeld) && !errors.Is(err, lease.ErrLost) {
 			r.s.logger.Debug("embcache: reconciler waiting", "err", err)
 		}
 		select {
@@ -157,41 +160,32 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Reconciler) store(ctx context.Context) (*leaseStore, error) {
+// bucket makes sure the event stream and the bucket exist, and binds the
+// bucket.
+func (r *Reconciler) bucket(ctx context.Context) (*lease.Bucket, error) {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
 		return nil, err
 	}
-	return ensureBucket(octx, r.nc, r.js, r.s.bucket, r.s.replicas, r.s.markerTTL)
+	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL})
 }
 
-// campaign tries once to take the election key.
-func (r *Reconciler) campaign(ctx context.Context, ls *leaseStore) (*Lease, error) {
+// campaign tries once to take the election key: the election is a lease
+// like any key's, held while this reconciler is active.
+func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Lease, error) {
 	now := time.Now()
-	rec := Record{V: RecordVersion, State: StateComputing, Owner: r.id, Nonce: r.id, Started: now, Heartbeat: now}
-	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-	defer cancel()
-	sent := r.s.clock.Now()
-	rev, err := ls.create(octx, ReconcilerKey, rec, r.s.leaseTTL)
-	if err != nil {
-		return nil, err
-	}
-	if !r.s.clock.Now().Before(sent.Add(r.s.leaseTTL)) {
-		ls.purge(octx, ReconcilerKey, rev)
-		return nil, errLateReserve
-	}
-	c := &Cache{s: r.s, leases: map[*Lease]struct{}{}} // a lease needs a Cache for its settings only
-	return newLease(c, ls, Ref{}, ReconcilerKey, rev, rec, sent), nil
+	rec := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: r.id, Nonce: r.id, Started: now, Heartbeat: now}
+	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock})
 }
 
 // active reconciles until the lease is lost or ctx ends.
-func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) error {
+func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-lease.Done():
+		case <-el.Done():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -207,16 +201,16 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
 	defer pub.Close(context.Background())
 	work := make(chan func(), 256)
-	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: ReconcilerDurable, Logger: r.s.logger, OnBad: r.tel.eventBad},
+	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: Durable, Logger: r.s.logger, OnBad: r.tel.EventBad},
 		func(e events.Event) {
-			r.tel.eventDecoded(e.Kind)
+			r.tel.EventDecoded(e.Kind)
 			state.Apply(e)
 			var fn func()
 			switch e.Kind {
 			case events.KindTouched:
-				fn = func() { r.applyTouch(ctx, ls, e) }
+				fn = func() { r.applyTouch(ctx, b, e) }
 			case events.KindInvalidated:
-				fn = func() { r.applyInvalidation(ctx, ls, pub, state, e) }
+				fn = func() { r.applyInvalidation(ctx, b, pub, state, e) }
 			default:
 				return
 			}
@@ -229,7 +223,7 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 		return err
 	}
 	defer sub.Stop()
-	w, err := ls.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	w, err := b.KV().WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		return err
 	}
@@ -237,58 +231,58 @@ func (r *Reconciler) active(ctx context.Context, ls *leaseStore, lease *Lease) e
 
 	// Values that expired while no reconciler was active; then now and
 	// then, in case a marker was missed (a watcher can stall).
-	r.sweep(ctx, ls, pub, state)
+	r.sweep(ctx, b, pub, state)
 	sweep := time.NewTicker(max(10*r.s.leaseTTL, 10*time.Second))
 	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return lease.Err()
+			return el.Err()
 		case fn := <-work:
 			fn()
 		case e := <-w.Updates():
 			switch {
-			case e == nil || e.Key() == ReconcilerKey:
+			case e == nil || e.Key() == ElectionKey:
 			case e.Operation() != jetstream.KeyValuePut:
-				r.expire(ctx, ls, pub, state, e.Key(), purgeCause(e.Value()))
+				r.expire(ctx, b, pub, state, e.Key(), lease.PurgeCause(e.Value()))
 			default:
-				if _, err := DecodeRecord(e.Value()); err != nil {
-					r.tel.recordBad(err, opWatch)
+				if _, err := lease.DecodeRecord(e.Value()); err != nil {
+					r.tel.RecordBad(err, telemetry.OpWatch)
 				}
 			}
 		case <-sweep.C:
-			r.sweep(ctx, ls, pub, state)
+			r.sweep(ctx, b, pub, state)
 		}
 	}
 }
 
 // applyTouch extends the committed record's TTL to the touch's expiry.
 // Replaying a touch changes nothing: the record already lives that long.
-func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Event) {
+func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.Event) {
 	key := e.Tenant + "." + e.Key.String()
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	cur, err := r.read(octx, ls, key)
-	if err != nil || !cur.live || cur.record.State != StateCommitted || e.Location == nil ||
-		cur.record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.record.Expires) {
+	cur, err := r.read(octx, b, key)
+	if err != nil || !cur.Live || cur.Record.State != lease.StateCommitted || e.Location == nil ||
+		cur.Record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.Record.Expires) {
 		return
 	}
-	if stale, err := ls.invalidated(octx, e.Tenant, cur.record); err != nil || stale {
+	if stale, err := b.Invalidated(octx, e.Tenant, cur.Record); err != nil || stale {
 		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
 	}
 	// The record may expire at its own expiry (set when it was written,
 	// before it was sent): a touch answered after that may be wiped by the
 	// server's TTL marker, so it is not counted as applied, and one sent
 	// after it is not sent at all. The record then expires as unused.
-	deadline := cur.record.Expires
+	deadline := cur.Record.Expires
 	now := r.s.clock.Now()
 	ttl := e.Expires.Sub(now)
 	if !now.Before(deadline) || ttl < time.Second {
 		return
 	}
-	rec := cur.record
+	rec := cur.Record
 	rec.Expires = e.Expires
-	if _, err := ls.cas(octx, key, cur.rev, rec, ttl); err != nil {
+	if _, err := b.CompareAndSet(octx, key, cur.Rev, rec, ttl); err != nil {
 		return
 	}
 	if !r.s.clock.Now().Before(deadline) {
@@ -300,10 +294,10 @@ func (r *Reconciler) applyTouch(ctx context.Context, ls *leaseStore, e events.Ev
 }
 
 // read reads key, counting a record that does not decode.
-func (r *Reconciler) read(ctx context.Context, ls *leaseStore, key string) (current, error) {
-	cur, err := ls.read(ctx, key)
-	if errors.Is(err, ErrBadRecord) {
-		r.tel.recordBad(err, opRead)
+func (r *Reconciler) read(ctx context.Context, b *lease.Bucket, key string) (lease.Entry, error) {
+	cur, err := b.Read(ctx, key)
+	if errors.Is(err, lease.ErrBadRecord) {
+		r.tel.RecordBad(err, telemetry.OpRead)
 	}
 	return cur, err
 }
@@ -314,7 +308,7 @@ func (r *Reconciler) read(ctx context.Context, ls *leaseStore, key string) (curr
 // and workers drop local copies when they see the record go. A payload
 // found corrupt is left to the reader that found it (its store removes a
 // corrupt file; a recompute may already have put the value back).
-func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
+func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
 	tenant, hexKey, ok := strings.Cut(kvKey, ".")
 	key, err := cachekey.Parse(hexKey)
 	if !ok || err != nil {
@@ -346,7 +340,7 @@ func (r *Reconciler) expire(ctx context.Context, ls *leaseStore, pub *events.Pub
 // node's, or a shared store's (Mooncake). Other nodes remove theirs when
 // the evicted event reaches them.
 func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
-	t := r.s.getters[loc.Transport]
+	t := r.s.deleters[loc.Transport]
 	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
 		return
 	}
@@ -359,15 +353,15 @@ func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
 
 // sweep evicts every value the events call live whose record is gone:
 // markers can be missed while no reconciler runs.
-func (r *Reconciler) sweep(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State) {
+func (r *Reconciler) sweep(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State) {
 	r.did(actionSweep)
 	for obj := range state.Live(time.Unix(0, 0)) {
 		key := obj.Tenant + "." + obj.Key.String()
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		cur, err := r.read(octx, ls, key)
+		cur, err := r.read(octx, b, key)
 		cancel()
-		if err == nil && !cur.live {
-			r.expire(ctx, ls, pub, state, key, events.CauseExpired)
+		if err == nil && !cur.Live {
+			r.expire(ctx, b, pub, state, key, events.CauseExpired)
 		}
 	}
 }
@@ -376,9 +370,9 @@ func (r *Reconciler) sweep(ctx context.Context, ls *leaseStore, pub *events.Publ
 // event's tenant, model and epoch reserved before its tombstone (every one,
 // for an event without a tombstone: an older release's invalidate). A
 // value computed since stays, also when the event is delivered again.
-func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub *events.Publisher, state *events.State, e events.Event) {
+func (r *Reconciler) applyInvalidation(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State, e events.Event) {
 	tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-	tomb, err := ls.tombstone(tctx, e.Tenant, e.Model, e.Epoch)
+	tomb, err := b.Tombstone(tctx, e.Tenant, e.Model, e.Epoch)
 	cancel()
 	if err != nil {
 		r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model, "err", err)
@@ -387,7 +381,7 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub 
 	if tomb == 0 {
 		tomb = math.MaxUint64
 	}
-	lister, err := ls.kv.ListKeysFiltered(ctx, e.Tenant+".>")
+	lister, err := b.KV().ListKeysFiltered(ctx, e.Tenant+".>")
 	if err != nil {
 		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "err", err)
 		return
@@ -398,20 +392,20 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, ls *leaseStore, pub 
 	}
 	for _, key := range keys {
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		cur, err := r.read(octx, ls, key)
-		if err == nil && cur.live && cur.record.State == StateCommitted &&
-			cur.record.Model == e.Model && cur.record.Epoch == e.Epoch && cur.record.Reserved < tomb {
-			if ls.purgeFor(octx, key, cur.rev, events.CauseInvalidated) == nil {
+		cur, err := r.read(octx, b, key)
+		if err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
+			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb {
+			if b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated) == nil {
 				r.did(actionInvalidate)
-				if loc := cur.record.Location; loc != nil {
+				if loc := cur.Record.Location; loc != nil {
 					obj, _ := loc.ObjectID()
 					if _, known := state.Get(obj); !known {
 						state.Apply(events.Event{Kind: events.KindPublished, Tenant: e.Tenant,
-							Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: loc, Expires: cur.record.Expires})
+							Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: loc, Expires: cur.Record.Expires})
 					}
 				}
 				cancel()
-				r.expire(ctx, ls, pub, state, key, events.CauseInvalidated)
+				r.expire(ctx, b, pub, state, key, events.CauseInvalidated)
 				continue
 			}
 		}

@@ -1,4 +1,4 @@
-package coordinator
+package lease
 
 import (
 	"context"
@@ -9,26 +9,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// watchHub runs one KV watcher for the whole bucket, decodes each change
+// hub runs one KV watcher for the whole bucket (or one tenant's keys), decodes each change
 // once (counting records that do not decode) and hands it to the key's
 // waiters, so a waiter can act on a committed record without reading it
 // again. Waiters also poll: a watcher can stall for seconds after a leader
 // change, and a poll bounds that.
-type watchHub struct {
+type hub struct {
 	mu      sync.Mutex
-	waiters map[string]map[chan *current]struct{} // by KV key; guarded by mu
-	hooks   watchHooks
+	waiters map[string]map[chan *Entry]struct{} // by KV key; guarded by mu
+	hooks   WatchHooks
 	cancel  context.CancelFunc
 	stop    func() error
 	quit    chan struct{}
 	done    chan struct{}
 }
 
-// startWatchHub starts the watcher: of the whole bucket, or of one
-// tenant's keys (filter "<tenant>.>"), which needs only that tenant's
-// permissions. Its subscription lives as long as the context it is created
-// with, so it gets one of its own, ended by close.
-func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks watchHooks) (*watchHub, error) {
+// startHub starts the watcher: of the whole bucket, or of one tenant's
+// keys (filter "<tenant>.>"), which needs only that tenant's permissions.
+// Its subscription lives as long as the context it is created with, so it
+// gets one of its own, ended by close.
+func startHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks WatchHooks) (*hub, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var w jetstream.KeyWatcher
 	var err error
@@ -41,7 +41,7 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks wa
 		cancel()
 		return nil, err
 	}
-	h := &watchHub{waiters: make(map[string]map[chan *current]struct{}), hooks: hooks,
+	h := &hub{waiters: make(map[string]map[chan *Entry]struct{}), hooks: hooks,
 		cancel: cancel, quit: make(chan struct{}), done: make(chan struct{})}
 	// Stopping a watcher deletes its consumer: a request that waits out a
 	// timeout while the server is away. Then the connection's owner
@@ -62,7 +62,9 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks wa
 				}
 				if e != nil {
 					st := h.state(e)
-					h.hooks.changed(e.Key(), e.Revision(), st)
+					if h.hooks.Changed != nil {
+						h.hooks.Changed(e.Key(), e.Revision(), st)
+					}
 					h.wake(e.Key(), st)
 				}
 			case <-h.quit:
@@ -75,28 +77,30 @@ func startWatchHub(nc *nats.Conn, kv jetstream.KeyValue, filter string, hooks wa
 
 // state turns a watched change into a state, or nil if it says nothing
 // usable (a delete, a marker, a record that does not decode).
-func (h *watchHub) state(e jetstream.KeyValueEntry) *current {
+func (h *hub) state(e jetstream.KeyValueEntry) *Entry {
 	if e.Operation() != jetstream.KeyValuePut {
 		return nil
 	}
 	rec, err := DecodeRecord(e.Value())
 	if err != nil {
-		h.hooks.bad(err)
+		if h.hooks.Bad != nil {
+			h.hooks.Bad(err)
+		}
 		return nil
 	}
-	return &current{rev: e.Revision(), live: true, record: rec}
+	return &Entry{Rev: e.Revision(), Live: true, Record: rec}
 }
 
 // subscribe returns a channel that gets the key's latest change: its
 // state, or nil for a change that says nothing usable (read the key
 // again). Call it before reading the key, so a change between the read
 // and the wait is not missed; cancel when done.
-func (h *watchHub) subscribe(key string) (<-chan *current, func()) {
-	ch := make(chan *current, 1)
+func (h *hub) subscribe(key string) (<-chan *Entry, func()) {
+	ch := make(chan *Entry, 1)
 	h.mu.Lock()
 	set := h.waiters[key]
 	if set == nil {
-		set = make(map[chan *current]struct{})
+		set = make(map[chan *Entry]struct{})
 		h.waiters[key] = set
 	}
 	set[ch] = struct{}{}
@@ -115,7 +119,7 @@ func (h *watchHub) subscribe(key string) (<-chan *current, func()) {
 
 // wake hands a change of key to its waiters, replacing a change they have
 // not taken yet: only the latest matters.
-func (h *watchHub) wake(key string, st *current) {
+func (h *hub) wake(key string, st *Entry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch := range h.waiters[key] {
@@ -127,27 +131,32 @@ func (h *watchHub) wake(key string, st *current) {
 	}
 }
 
-func (h *watchHub) close() {
+func (h *hub) close() {
 	close(h.quit)
 	h.stop()
 	h.cancel()
 	<-h.done
 }
 
-// watchHooks are called on a hub's goroutine, for every change it sees.
-type watchHooks struct {
-	bad     func(error)                               // a record that does not decode
-	changed func(key string, rev uint64, st *current) // the key's new state at rev; nil: no usable record (deleted, purged, expired, bad)
+// WatchHooks are called on a watcher's goroutine, for every change it
+// sees; both are optional.
+type WatchHooks struct {
+	Bad     func(error)                             // a record that does not decode
+	Changed func(key string, rev uint64, st *Entry) // the key's new state at rev; nil: no usable record (deleted, purged, expired, bad)
 }
 
-// watchSet is the watchers of a Cache: one for the whole bucket, or one
-// per served tenant.
-type watchSet struct {
-	hubs map[string]*watchHub // by tenant; "" is the whole bucket
+// Watch follows a bucket's changes and hands each key's to whoever waits
+// on it (Subscribe), decoding each change once: one watcher for the whole
+// bucket, or one per tenant. Waiters should also poll: a watcher can stall
+// for seconds after a leader change.
+type Watch struct {
+	hubs map[string]*hub // by tenant; "" is the whole bucket
 }
 
-func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, hooks watchHooks) (*watchSet, error) {
-	ws := &watchSet{hubs: map[string]*watchHub{}}
+// StartWatch starts watching b: all of it, or only the keys of tenants
+// (which needs only their permissions). Close it when done.
+func StartWatch(b *Bucket, tenants []string, hooks WatchHooks) (*Watch, error) {
+	ws := &Watch{hubs: map[string]*hub{}}
 	if len(tenants) == 0 {
 		tenants = []string{""}
 	}
@@ -156,9 +165,9 @@ func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, hooks
 		if t != "" {
 			filter = t + ".>"
 		}
-		h, err := startWatchHub(nc, kv, filter, hooks)
+		h, err := startHub(b.nc, b.kv, filter, hooks)
 		if err != nil {
-			ws.close()
+			ws.Close()
 			return nil, err
 		}
 		ws.hubs[t] = h
@@ -166,8 +175,11 @@ func startWatchSet(nc *nats.Conn, kv jetstream.KeyValue, tenants []string, hooks
 	return ws, nil
 }
 
-// subscribe is watchHub.subscribe on the hub that sees key.
-func (ws *watchSet) subscribe(key string) (<-chan *current, func()) {
+// Subscribe returns a channel that gets key's latest change: its state, or
+// nil for a change that says nothing usable (read the key again). Call it
+// before reading the key, so a change between the read and the wait is not
+// missed; call the returned function when done.
+func (ws *Watch) Subscribe(key string) (<-chan *Entry, func()) {
 	h := ws.hubs[""]
 	if h == nil {
 		tenant, _, _ := strings.Cut(key, ".")
@@ -176,7 +188,8 @@ func (ws *watchSet) subscribe(key string) (<-chan *current, func()) {
 	return h.subscribe(key)
 }
 
-func (ws *watchSet) close() {
+// Close stops the watchers.
+func (ws *Watch) Close() {
 	for _, h := range ws.hubs {
 		h.close()
 	}

@@ -1,4 +1,4 @@
-package coordinator
+package lease
 
 import (
 	"encoding/json"
@@ -153,24 +153,27 @@ func (e *badRecordError) Error() string { return ErrBadRecord.Error() + ": " + e
 
 func (e *badRecordError) Unwrap() error { return ErrBadRecord }
 
-// recordReason says why err's record did not decode.
-func recordReason(err error) events.BadReason {
+// Reason says why err's record did not decode (malformed for an error that
+// is not a bad record's).
+func Reason(err error) events.BadReason {
 	if e, ok := errors.AsType[*badRecordError](err); ok {
 		return e.reason
 	}
 	return events.BadMalformed
 }
 
-func (r Record) encode() []byte {
+// Encode returns r's JSON, as it is stored.
+func (r Record) Encode() []byte {
 	b, err := json.Marshal(r)
 	if err != nil {
-		panic("coordinator: a record always marshals: " + err.Error())
+		panic("lease: a record always marshals: " + err.Error())
 	}
 	return b
 }
 
-// committed returns r turned into the committed record of a value at loc.
-func (r Record) committed(loc payload.Location, v *payload.Value, now time.Time, ttl time.Duration) Record {
+// Committed returns r turned into the committed record of a value at loc,
+// expiring ttl after now.
+func (r Record) Committed(loc payload.Location, v *payload.Value, now time.Time, ttl time.Duration) Record {
 	r.State = StateCommitted
 	r.Heartbeat = now
 	r.Location = &loc

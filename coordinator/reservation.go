@@ -1,0 +1,85 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+)
+
+// Reservation is this process's lease on one Ref: the right to compute it
+// for the whole cluster. Commit writes the value through the payload plane
+// and commits its record; Abandon gives the key up. Its revision is the
+// fencing token (package lease).
+type Reservation struct {
+	c   *Cache
+	ref Ref
+	l   *lease.Lease
+}
+
+// Ref returns the key the reservation is for.
+func (r *Reservation) Ref() Ref { return r.ref }
+
+// Revision returns the lease's current revision: its fencing token.
+func (r *Reservation) Revision() uint64 { return r.l.Revision() }
+
+// Done returns a channel that closes when the reservation ends: committed,
+// abandoned, or lost (then Err says why).
+func (r *Reservation) Done() <-chan struct{} { return r.l.Done() }
+
+// Err returns ErrLeaseLost (wrapped) if the lease was lost, else nil.
+func (r *Reservation) Err() error { return r.l.Err() }
+
+// Commit writes v through the payload plane and then, on the lease's
+// revision, turns the record into a committed one with the store TTL. If
+// the lease was lost, nothing is claimed and the error wraps ErrLeaseLost;
+// v is still correct (keys are content addresses), it is just not the
+// cluster's copy. A commit acknowledged too late to trust is such a case.
+func (r *Reservation) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
+	// Past its deadline the key may be someone else's, and their value's
+	// payload under the same name: a Put of other bytes would replace it.
+	if err := r.l.Held(); err != nil {
+		r.refused(err)
+		return payload.Location{}, err
+	}
+	// The write can be long: heartbeats go on while it runs.
+	loc, err := r.c.router.Put(ctx, r.ref.Object(), v)
+	if err != nil {
+		return payload.Location{}, err
+	}
+	rev, err := r.l.Commit(ctx, loc, v, r.c.s.storeTTL)
+	if err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			r.refused(err)
+		}
+		return payload.Location{}, err
+	}
+	r.c.obs.committed(r.ref, rev, loc)
+	return loc, nil
+}
+
+func (r *Reservation) refused(err error) { r.c.obs.refused(r.ref, r.l.Revision(), err) }
+
+// Abandon gives the key up after a failed compute: the record is purged
+// (if the lease still holds it) so that a waiter or a later call can
+// compute it. cause is only for the error's message.
+func (r *Reservation) Abandon(ctx context.Context, cause error) error {
+	err := r.l.Abandon(ctx)
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		return fmt.Errorf("coordinator: abandoning %v after %v: %w", r.ref, cause, err)
+	}
+	return err
+}
+
+// leaseHooks are what the Cache hears from its leases: losses and late
+// writes are counted, an ended lease is forgotten.
+func (c *Cache) leaseHooks() lease.Hooks {
+	return lease.Hooks{
+		Lost:     func(_ *lease.Lease, during lease.Op, _ error) { c.obs.leaseLost(during) },
+		Late:     func(string) { c.obs.lateWrite() },
+		Ended:    c.forget,
+		Answered: c.s.answered,
+	}
+}

@@ -1,0 +1,134 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/embcache/embcache/internal/workload"
+)
+
+// LoadConfig is one Load: the workload of Config, sent over HTTP to workers
+// started with --listen.
+type LoadConfig struct {
+	Encoder     string   // base URL of the encoder worker
+	Prefills    []string // base URLs of the prefill workers, taken round robin
+	Requests    int
+	Unique      int
+	Zipf        float64
+	Concurrency int
+	Seed        uint64
+}
+
+// LoadReport is what Load measured.
+type LoadReport struct {
+	Requests        int  `json:"requests"`
+	UniqueInputs    int  `json:"unique_inputs"`
+	Retries         int  `json:"retries"`
+	EncoderForwards int  `json:"encoder_forwards"` // summed over the workers' own counts
+	LeasesLost      int  `json:"leases_lost"`      // leases the fencing took from a computing worker (faults)
+	ForwardsExact   bool `json:"forwards_equal_unique_inputs"`
+	// ForwardsOK: forwards == unique inputs, but for at most one extra
+	// forward per lease lost in a fault (a NATS election that outlasts the
+	// lease TTL lets another worker take the key over; the fencing then
+	// refuses the first holder's commit, so no value is served twice).
+	ForwardsOK bool           `json:"forwards_ok"`
+	Paths      map[string]int `json:"paths"`
+	Seconds    float64        `json:"seconds"`
+}
+
+// Load sends each request to the encoder worker and then to a prefill
+// worker, retrying a failed request every 200ms until ctx ends, and sums
+// the workers' own forward counts.
+func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, error) {
+	client := &http.Client{Timeout: 30 * time.Second}
+	r := &LoadReport{Requests: c.Requests, UniqueInputs: c.Unique, Paths: map[string]int{}}
+	var mu sync.Mutex
+	start := time.Now()
+	err := drive(workload.Requests(c.Requests, c.Unique, c.Zipf, c.Seed), c.Concurrency, progress, "loadgen",
+		func(id, image int) error {
+			for _, base := range []string{c.Encoder, c.Prefills[id%len(c.Prefills)]} {
+				for {
+					res, err := post(ctx, client, base, Request{ID: id, Image: image, Cache: true})
+					mu.Lock()
+					if err == nil {
+						r.Paths[res.Path]++
+					} else {
+						r.Retries++
+					}
+					mu.Unlock()
+					if err == nil {
+						break
+					}
+					select {
+					case <-ctx.Done():
+						return fmt.Errorf("%s: %w (last error: %v)", base, ctx.Err(), err)
+					case <-time.After(200 * time.Millisecond):
+					}
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	r.Seconds = time.Since(start).Seconds()
+	for _, base := range append([]string{c.Encoder}, c.Prefills...) {
+		var s WorkerStats
+		if err := getJSON(ctx, client, base+"/v1/stats", &s); err != nil {
+			return nil, err
+		}
+		r.EncoderForwards += s.Forwards
+		r.LeasesLost += int(s.Cache.LeasesLost + s.Cache.CommitsRefused)
+	}
+	r.ForwardsExact = r.EncoderForwards == c.Unique
+	r.ForwardsOK = r.EncoderForwards >= c.Unique && r.EncoderForwards <= c.Unique+r.LeasesLost
+	return r, nil
+}
+
+func post(ctx context.Context, c *http.Client, base string, r Request) (Result, error) {
+	body, _ := json.Marshal(r)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/request", bytes.NewReader(body))
+	if err != nil {
+		return Result{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return Result{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return Result{}, fmt.Errorf("%s: %s %s", base, resp.Status, msg)
+	}
+	var res Result
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		return res, err
+	}
+	if res.Err != "" {
+		return res, fmt.Errorf("%s: %s", base, res.Err)
+	}
+	return res, nil
+}
+
+func getJSON(ctx context.Context, c *http.Client, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

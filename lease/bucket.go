@@ -1,0 +1,318 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultBucket is the KV bucket of leases and committed records.
+const DefaultBucket = "EMBCACHE_LEASES"
+
+// BucketConfig says which bucket to open and how to create it if it is
+// absent. Name is required.
+type BucketConfig struct {
+	Name     string
+	Replicas int // when created (0: 1)
+	// MarkerTTL is how long a purge's marker stays (and the bucket's
+	// LimitMarkerTTL when created); 0 keeps markers until compaction.
+	MarkerTTL time.Duration
+	// Direct reads with a direct get by subject, which per-tenant
+	// permissions can allow; any replica may answer it, so it can lag.
+	// The protocol stays correct (every decision is a revision-checked
+	// write), but a tombstone read this way can be missed for a moment
+	// (docs/protocol.md 4.4).
+	Direct bool
+}
+
+// Bucket is the protocol's view of the KV bucket: create with a TTL,
+// compare-and-set publishes that keep a per-key TTL, purges on a
+// revision, and reads answered by the stream leader. Safe for concurrent
+// use.
+type Bucket struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	cfg BucketConfig
+}
+
+// OpenBucket binds the bucket cfg names, creating it if it is absent.
+func OpenBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig) (*Bucket, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("lease: no bucket name")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, cfg.Name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:         cfg.Name,
+			Description:    "embcache leases and committed records",
+			History:        1,
+			Storage:        jetstream.FileStorage,
+			Replicas:       max(1, cfg.Replicas),
+			LimitMarkerTTL: cfg.MarkerTTL,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Name) // created by another process meanwhile
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Bucket{nc: nc, js: js, kv: kv, cfg: cfg}, nil
+}
+
+// BindBucket binds the bucket cfg names; it is an error if it is absent.
+func BindBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig) (*Bucket, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
+	}
+	return &Bucket{nc: nc, js: js, kv: kv, cfg: cfg}, nil
+}
+
+// KV is the bucket's jetstream handle, for watching and listing keys.
+func (b *Bucket) KV() jetstream.KeyValue { return b.kv }
+
+// Name is the bucket's name.
+func (b *Bucket) Name() string { return b.cfg.Name }
+
+// Direct reports whether reads may be answered by any replica
+// (BucketConfig.Direct).
+func (b *Bucket) Direct() bool { return b.cfg.Direct }
+
+func (b *Bucket) subject(key string) string { return "$KV." + b.cfg.Name + "." + key }
+
+// Create writes r under key if the key has no live value, with a per-key
+// TTL. It returns the revision; ErrHeld means someone else has the key.
+func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	rev, err := b.kv.Create(ctx, key, r.Encode(), jetstream.KeyTTL(wholeSeconds(ttl)))
+	if err != nil {
+		if isConflict(err) {
+			return 0, fmt.Errorf("%w: %s", ErrHeld, key)
+		}
+		return 0, err
+	}
+	return rev, nil
+}
+
+// CompareAndSet replaces the value at revision rev with r and a new per-key TTL.
+// kv.Update would drop the TTL (nats.go #1994), so this publishes to the
+// key's subject with the expected-sequence and TTL headers itself.
+// ErrLost means rev is no longer the key's revision.
+func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
+	msg := &nats.Msg{Subject: b.subject(key), Data: r.Encode()}
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
+	if err != nil {
+		if isConflict(err) {
+			return 0, fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+		}
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// Purge removes the key if it is still at rev, leaving a marker that
+// expires after markerTTL. A key already past rev is ErrLost.
+func (b *Bucket) Purge(ctx context.Context, key string, rev uint64) error {
+	err := b.kv.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(b.cfg.MarkerTTL))
+	if err != nil && isConflict(err) {
+		return fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+	}
+	return err
+}
+
+// Put writes r under key whatever is there, with a per-key TTL, and
+// returns the revision.
+func (b *Bucket) Put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	msg := &nats.Msg{Subject: b.subject(key), Data: r.Encode()}
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// PurgeFor is Purge with why in the purge's body, {"cause": "<cause>"}
+// (docs/protocol.md 3): the reconciler announces the eviction with that
+// cause, and a purge without one (a marker, a plain purge) as expired.
+func (b *Bucket) PurgeFor(ctx context.Context, key string, rev uint64, cause events.Cause) error {
+	msg := nats.NewMsg(b.subject(key))
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	msg.Data = []byte(`{"cause":"` + cause.String() + `"}`)
+	var opts []jetstream.PublishOpt
+	if b.cfg.MarkerTTL > 0 {
+		opts = append(opts, jetstream.WithMsgTTL(b.cfg.MarkerTTL))
+	}
+	_, err := b.js.PublishMsg(ctx, msg, opts...)
+	if err != nil && isConflict(err) {
+		return fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+	}
+	return err
+}
+
+// PurgeCause reads the cause a purge's body names; anything else (an
+// expiry marker, a purge without a body) is expired.
+func PurgeCause(body []byte) events.Cause {
+	var b struct {
+		Cause string `json:"cause"`
+	}
+	if json.Unmarshal(body, &b) == nil {
+		for _, c := range []events.Cause{events.CauseInvalidated, events.CauseCorrupt, events.CauseExplicit} {
+			if b.Cause == c.String() {
+				return c
+			}
+		}
+	}
+	return events.CauseExpired
+}
+
+// Entry is what a read found: no live record (Rev may still be a
+// marker's), or a Record at Rev. A record that does not decode comes back
+// with an error wrapping ErrBadRecord and its revision.
+type Entry struct {
+	Rev    uint64
+	Live   bool
+	Record Record
+	Stamp  time.Time     // when the server stored the message (zero if unknown)
+	TTL    time.Duration // the message's own TTL (Nats-TTL); 0 if it has none
+}
+
+// Read returns the key's current state from the stream leader. kv.Get may
+// be answered by a follower that lags (a few percent of reads on R3), and
+// the protocol decides on what is current.
+func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
+	if b.cfg.Direct {
+		return b.readDirect(ctx, key)
+	}
+	req, _ := json.Marshal(map[string]string{"last_by_subj": b.subject(key)})
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.cfg.Name, req)
+	if err != nil {
+		return Entry{}, err
+	}
+	var body struct {
+		Message *struct {
+			Seq    uint64    `json:"seq"`
+			Header []byte    `json:"hdrs"`
+			Data   []byte    `json:"data"`
+			Time   time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &body); err != nil {
+		return Entry{}, fmt.Errorf("lease: bad MSG.GET response: %w", err)
+	}
+	if body.Error != nil {
+		if body.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return Entry{}, nil
+		}
+		return Entry{}, body.Error
+	}
+	if body.Message == nil {
+		return Entry{}, errors.New("lease: empty MSG.GET response")
+	}
+	c := Entry{Rev: body.Message.Seq, Stamp: body.Message.Time}
+	if len(body.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(body.Message.Header)
+		if err != nil {
+			return c, fmt.Errorf("lease: bad headers on %s: %w", key, err)
+		}
+		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return c, nil // deleted, purged or expired
+		}
+		c.TTL = parseTTL(h.Get(jetstream.MsgTTLHeader))
+	}
+	rec, err := DecodeRecord(body.Message.Data)
+	if err != nil {
+		return c, err
+	}
+	c.Live, c.Record = true, rec
+	return c, nil
+}
+
+// readDirect reads the key's last message with
+// $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>.
+func (b *Bucket) readDirect(ctx context.Context, key string) (Entry, error) {
+	subject := b.subject(key)
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.cfg.Name+"."+subject, nil)
+	if err != nil {
+		return Entry{}, err
+	}
+	if status := resp.Header.Get("Status"); status != "" {
+		if status == "404" {
+			return Entry{}, nil
+		}
+		return Entry{}, fmt.Errorf("lease: direct get %s: status %s %s", key, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get("Nats-Sequence"), 10, 64)
+	if err != nil {
+		return Entry{}, fmt.Errorf("lease: direct get %s: bad sequence: %w", key, err)
+	}
+	c := Entry{Rev: seq, TTL: parseTTL(resp.Header.Get(jetstream.MsgTTLHeader))}
+	c.Stamp, _ = time.Parse(time.RFC3339Nano, resp.Header.Get(jetstream.TimeStampHeaer))
+	if resp.Header.Get("KV-Operation") != "" || resp.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return c, nil
+	}
+	rec, err := DecodeRecord(resp.Data)
+	if err != nil {
+		return c, err
+	}
+	c.Live, c.Record = true, rec
+	return c, nil
+}
+
+// wholeSeconds rounds a TTL up to whole seconds. The server keeps
+// per-message TTLs in whole seconds, truncating a fraction (1.9s expires
+// after 1s) and refusing less than 1s; rounded up, a message never expires
+// before the deadline the writer computed from ttl
+// (docs/jetstream-notes.md).
+func wholeSeconds(ttl time.Duration) time.Duration {
+	return max(time.Second, (ttl + time.Second - 1).Truncate(time.Second))
+}
+
+// parseTTL reads a Nats-TTL header: a Go duration ("5s") as nats.go
+// writes it, or whole seconds. "never", absent or unreadable: 0.
+func parseTTL(v string) time.Duration {
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return 0
+}
+
+// IsRefusal reports whether err is the server's answer refusing a write
+// (an API error): unlike a timeout, it says nothing was stored.
+func IsRefusal(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr)
+}
+
+// isConflict reports whether err is the server refusing a revision-checked
+// write: ErrKeyExists, ErrKeyRevisionMismatch, or the API codes 10071
+// (R1) and 10164 (R3) that mean the same.
+func isConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}

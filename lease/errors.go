@@ -1,0 +1,24 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrHeld is returned by Bucket.Create and Acquire when the key is
+	// live: another process holds its lease or has committed it.
+	ErrHeld = errors.New("lease: key held by another process")
+	// ErrLost is returned by a Lease's writes, and by Bucket.CompareAndSet
+	// and the purges, when the revision is no longer the key's: it expired,
+	// or another process took the key over. The fencing refused the write.
+	ErrLost = errors.New("lease: lost")
+	// ErrBadRecord is returned for a record that does not decode or breaks
+	// the protocol's rules.
+	ErrBadRecord = errors.New("lease: bad record")
+)
+
+// ErrLate is returned by Acquire for a create acknowledged after its own
+// TTL: the server's TTL marker may wipe it, so it is given back. It wraps
+// ErrLost.
+var ErrLate = fmt.Errorf("%w: acknowledged too late", ErrLost)

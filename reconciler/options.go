@@ -1,0 +1,153 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// ErrInvalidOption is returned by New for an option out of range.
+var ErrInvalidOption = errors.New("reconciler: invalid option")
+
+// Option configures a Reconciler.
+type Option func(*settings) error
+
+// Deleter removes payloads: a payload store or transport of this node's
+// (payload.Transport is one).
+type Deleter interface {
+	Delete(ctx context.Context, loc payload.Location) error
+}
+
+type settings struct {
+	bucket        string
+	replicas      int
+	leaseTTL      time.Duration
+	markerTTL     time.Duration
+	opTimeout     time.Duration
+	node          string
+	deleters      map[string]Deleter // by payload transport kind
+	logger        *slog.Logger
+	meterProvider metric.MeterProvider
+	clock         lease.Clock
+}
+
+func defaults() settings {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "node"
+	}
+	return settings{bucket: lease.DefaultBucket, replicas: 1, leaseTTL: 5 * time.Second, markerTTL: time.Minute,
+		opTimeout: 2 * time.Second, node: host, deleters: map[string]Deleter{}, logger: slog.Default(), clock: systemClock{}}
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// WithNode names the node the reconciler runs on (default: the host
+// name): it removes that node's payloads, and shared stores'.
+func WithNode(node string) Option {
+	return func(s *settings) error {
+		if node == "" {
+			return fmt.Errorf("%w: empty node name", ErrInvalidOption)
+		}
+		s.node = node
+		return nil
+	}
+}
+
+// WithBucket names the KV bucket (default lease.DefaultBucket).
+func WithBucket(name string) Option {
+	return func(s *settings) error {
+		if name == "" {
+			return fmt.Errorf("%w: empty bucket name", ErrInvalidOption)
+		}
+		s.bucket = name
+		return nil
+	}
+}
+
+// WithReplicas sets the replicas of the bucket and the event stream when
+// the reconciler creates them (default 1).
+func WithReplicas(n int) Option {
+	return func(s *settings) error {
+		if n < 1 || n > 5 {
+			return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidOption, n)
+		}
+		s.replicas = n
+		return nil
+	}
+}
+
+// WithLeaseTTL sets the election lease's TTL (default 5s): a standby takes
+// over within about this long of the active one's death.
+func WithLeaseTTL(d time.Duration) Option {
+	return func(s *settings) error {
+		if d < time.Second {
+			return fmt.Errorf("%w: lease TTL must be >= 1s, got %v", ErrInvalidOption, d)
+		}
+		s.leaseTTL = d
+		return nil
+	}
+}
+
+// WithOpTimeout bounds each store call (default 2s).
+func WithOpTimeout(d time.Duration) Option {
+	return func(s *settings) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: op timeout must be > 0, got %v", ErrInvalidOption, d)
+		}
+		s.opTimeout = d
+		return nil
+	}
+}
+
+// WithPayload lets the reconciler remove payloads of transport kind
+// (payload.TransportShm, ...) with d: this node's, or a shared store's
+// (payload.TransportMooncake). Other nodes remove theirs when the evicted
+// event reaches them.
+func WithPayload(kind string, d Deleter) Option {
+	return func(s *settings) error {
+		if kind == "" || d == nil {
+			return fmt.Errorf("%w: a payload deleter needs a transport kind and a deleter", ErrInvalidOption)
+		}
+		s.deleters[kind] = d
+		return nil
+	}
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *settings) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		s.logger = l
+		return nil
+	}
+}
+
+// WithMeterProvider sets where the metrics go (default: the global
+// provider; docs/metrics.md).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(s *settings) error { s.meterProvider = mp; return nil }
+}
+
+// WithClock sets the clock the election lease's deadlines and the touches'
+// expiries are measured with (default: the system clock).
+func WithClock(c lease.Clock) Option {
+	return func(s *settings) error {
+		if c == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		s.clock = c
+		return nil
+	}
+}

@@ -1,0 +1,55 @@
+package reconciler
+
+import (
+	"context"
+
+	"github.com/embcache/embcache/internal/telemetry"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// instruments are a Reconciler's metrics (docs/metrics.md).
+type instruments struct {
+	*telemetry.Decode
+	actions   metric.Int64Counter       // by action
+	elections metric.Int64Counter       // times this process became the active reconciler
+	active    metric.Int64UpDownCounter // 1 while this process is the active reconciler, else 0
+}
+
+func newInstruments(mp metric.MeterProvider) (*instruments, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	in := &instruments{}
+	var err error
+	if in.Decode, err = telemetry.NewDecode(m); err != nil {
+		return nil, err
+	}
+	if in.actions, err = m.Int64Counter("embcache.reconciler.actions", metric.WithUnit("{action}"),
+		metric.WithDescription("what the active reconciler did, by action")); err != nil {
+		return nil, err
+	}
+	if in.elections, err = m.Int64Counter("embcache.reconciler.elections", metric.WithUnit("{election}"),
+		metric.WithDescription("times this process became the active reconciler")); err != nil {
+		return nil, err
+	}
+	if in.active, err = m.Int64UpDownCounter("embcache.reconciler.active",
+		metric.WithDescription("1 while this process is the active reconciler, 0 while it stands by")); err != nil {
+		return nil, err
+	}
+	in.active.Add(context.Background(), 0) // exported as 0 before the first election
+	for a := range numActions {
+		in.actions.Add(context.Background(), 0, actionAttrs[a]) // every action is exported, at 0 until it happens
+	}
+	return in, nil
+}
+
+var actionAttrs = func() [numActions]metric.MeasurementOption {
+	var m [numActions]metric.MeasurementOption
+	for a := range numActions {
+		m[a] = metric.WithAttributeSet(attribute.NewSet(attribute.String("action", a.String())))
+	}
+	return m
+}()
