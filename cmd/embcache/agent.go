@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -61,14 +58,11 @@ func newAgent() *cobra.Command {
 // run serves the agent until ctx ends; log lines go to stderr.
 func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	logger := newLogger(stderr, c.verbose)
-	tel, err := startTelemetry(ctx, "embcache-agent", c.metricsListen)
+	tel, err := startTelemetry(ctx, "agent", c.metricsListen, stderr)
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown()
-	if tel.addr != "" {
-		fmt.Fprintf(stderr, "embcache agent: metrics at http://%s/metrics\n", tel.addr)
-	}
+	defer stopTelemetry(tel)
 	// Pulled values land in the store the agent answers files of:
 	// received there in one pass, not pulled into memory and copied.
 	c.nf.o.PullToShm = true
@@ -91,7 +85,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	l, err := listenUnix(c.socket)
+	l, err := agent.ListenUnix(c.socket)
 	if err != nil {
 		return err
 	}
@@ -103,26 +97,4 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	}()
 	fmt.Fprintln(stderr, "embcache agent: node", n.Name(), "listening on", c.socket)
 	return srv.Serve(l)
-}
-
-// listenUnix listens on path, replacing a socket file no one answers on.
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	if c, err := net.Dial("unix", path); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("%s: another agent is serving there", path)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		os.Remove(path) // stale: its agent exited without removing it
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
 }

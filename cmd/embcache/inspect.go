@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/inspect"
 	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,10 +57,9 @@ func (c *connFlags) bucket(ctx context.Context) (kv jetstream.KeyValue, close fu
 	if err != nil {
 		return nil, nil, err
 	}
-	kv, err = js.KeyValue(ctx, lease.DefaultBucket)
-	if err != nil {
+	if kv, err = inspect.Bucket(ctx, js); err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("bucket %s: %w", lease.DefaultBucket, err)
+		return nil, nil, err
 	}
 	return kv, nc.Close, nil
 }
@@ -81,12 +79,10 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 		Short: "List lease and record keys (<tenant>.<keyhex>; invalidation tombstones <tenant>.inv.<keyhex>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			filter := ">"
 			if tenant != "" {
 				if err := cachekey.ValidateTenant(tenant); err != nil {
 					return usageError{err}
 				}
-				filter = tenant + ".>"
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
@@ -95,15 +91,10 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 				return err
 			}
 			defer closeConn()
-			lister, err := kv.ListKeysFiltered(ctx, filter)
+			keys, err := inspect.Keys(ctx, kv, tenant)
 			if err != nil {
 				return err
 			}
-			var keys []string
-			for k := range lister.Keys() {
-				keys = append(keys, k)
-			}
-			slices.Sort(keys)
 			for _, k := range keys {
 				fmt.Fprintln(cmd.OutOrStdout(), k)
 			}
@@ -135,18 +126,15 @@ func newLeasesGet(cf *connFlags) *cobra.Command {
 				return err
 			}
 			defer closeConn()
-			e, err := kv.Get(ctx, args[0])
-			if errors.Is(err, jetstream.ErrKeyNotFound) {
-				return fmt.Errorf("%s: no such lease or record", args[0])
-			}
+			value, rev, err := inspect.Record(ctx, kv, args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", e.Value())
-			if _, err := lease.DecodeRecord(e.Value()); err != nil {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", value)
+			if _, err := lease.DecodeRecord(value); err != nil {
 				// Printed as it is (what an operator needs to see), and an
 				// error: the processes cannot read it either.
-				return fmt.Errorf("%s (revision %d) does not decode: %w", args[0], e.Revision(), err)
+				return fmt.Errorf("%s (revision %d) does not decode: %w", args[0], rev, err)
 			}
 			return nil
 		},
@@ -199,49 +187,7 @@ func tailEvents(ctx context.Context, cf *connFlags, opts events.SubscribeOptions
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	out := make(chan events.Event, 64)
-	sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
-		select {
-		case out <- e:
-		case <-ctx.Done():
-		}
-	})
-	if err != nil {
-		return err
-	}
-	defer sub.Stop()
-	for printed := 0; count <= 0 || printed < count; printed++ {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e := <-out:
-			writeJSONLine(w, eventLine(e))
-		}
-	}
-	return nil
-}
-
-// eventLine is how events tail prints e: its fields, the empty ones left out.
-func eventLine(e events.Event) map[string]any {
-	line := map[string]any{"kind": e.Kind.String(), "tenant": e.Tenant, "key": e.Key.String(), "node": e.Node, "time": e.Time}
-	if e.Model != "" {
-		line["model"], line["epoch"] = e.Model, e.Epoch
-	}
-	if !e.Expires.IsZero() {
-		line["expires"] = e.Expires
-	}
-	if e.Location != nil {
-		line["location"] = e.Location
-	}
-	if e.Cause != 0 {
-		line["cause"] = e.Cause.String()
-	}
-	if e.Reason != "" {
-		line["reason"] = e.Reason
-	}
-	return line
+	return inspect.Tail(ctx, js, opts, count, func(e events.Event) { writeJSONLine(w, inspect.EventLine(e)) })
 }
 
 func newStats() *cobra.Command {
@@ -259,37 +205,20 @@ func newStats() *cobra.Command {
 			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 3*cf.timeout)
 			defer cancel()
-			out := map[string]any{}
-			if kv, err := js.KeyValue(ctx, lease.DefaultBucket); err == nil {
-				st, err := kv.Status(ctx)
-				if err != nil {
-					return err
-				}
-				out["bucket"] = map[string]any{"name": st.Bucket(), "values": st.Values(), "bytes": st.Bytes(), "replicas": st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas}
-			}
-			if s, err := js.Stream(ctx, events.StreamName); err == nil {
-				info, err := s.Info(ctx)
-				if err != nil {
-					return err
-				}
-				out["events"] = map[string]any{"stream": events.StreamName, "messages": info.State.Msgs, "bytes": info.State.Bytes}
-				state, skipped, err := events.Replay(ctx, js)
-				if err != nil {
-					return err
-				}
-				out["live_values"] = len(state.Live(time.Now()))
-				out["undecodable_events"] = skipped
+			sum, err := inspect.Summarize(ctx, js)
+			if err != nil {
+				return err
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), out)
+				return writeJSON(cmd.OutOrStdout(), sum)
 			}
 			w := cmd.OutOrStdout()
-			if b, ok := out["bucket"].(map[string]any); ok {
-				fmt.Fprintf(w, "bucket   %s: %v keys, %v bytes, %v replicas\n", b["name"], b["values"], b["bytes"], b["replicas"])
+			if b := sum.Bucket; b != nil {
+				fmt.Fprintf(w, "bucket   %s: %d keys, %d bytes, %d replicas\n", b.Name, b.Values, b.Bytes, b.Replicas)
 			}
-			if e, ok := out["events"].(map[string]any); ok {
-				fmt.Fprintf(w, "events   %s: %v messages, %v bytes\n", e["stream"], e["messages"], e["bytes"])
-				fmt.Fprintf(w, "live     %v values (%v undecodable events skipped)\n", out["live_values"], out["undecodable_events"])
+			if e := sum.Events; e != nil {
+				fmt.Fprintf(w, "events   %s: %d messages, %d bytes\n", e.Stream, e.Messages, e.Bytes)
+				fmt.Fprintf(w, "live     %d values (%d undecodable events skipped)\n", *sum.LiveValues, *sum.UndecodableEvents)
 			}
 			return nil
 		},

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/internal/exporter"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go"
@@ -58,7 +59,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 
 // start builds the node from the flags and starts it. An invalid
 // combination of flags, or a transport this binary lacks, is a usage error.
-func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *telemetry, extra ...coordinator.Option) (*node.Node, error) {
+func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporter.Exporter, extra ...coordinator.Option) (*node.Node, error) {
 	o := f.o
 	o.NATSOptions = f.nats
 	if f.user != "" {
@@ -66,9 +67,9 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *telemet
 	}
 	o.Logger, o.Cache = logger, extra
 	if tel != nil {
-		o.MeterProvider = tel.mp
-		if tel.tp != nil {
-			o.TracerProvider = tel.tp
+		o.MeterProvider = tel.Meters
+		if tel.Traces != nil {
+			o.TracerProvider = tel.Traces
 		}
 	}
 	n, err := node.New(o)

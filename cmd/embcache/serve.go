@@ -89,14 +89,11 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		defer srv.Shutdown()
 		fmt.Fprintf(out, "embcache serve: NATS (JetStream, %s) listening at %s\n", c.storeDir, c.nf.o.NATSURL)
 	}
-	tel, err := startTelemetry(ctx, "embcache-serve", c.metricsListen)
+	tel, err := startTelemetry(ctx, "serve", c.metricsListen, out)
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown()
-	if tel.addr != "" {
-		fmt.Fprintf(out, "embcache serve: metrics at http://%s/metrics\n", tel.addr)
-	}
+	defer stopTelemetry(tel)
 	n, err := c.nf.start(ctx, newLogger(cmd.ErrOrStderr(), c.verbose), tel)
 	if err != nil {
 		return err

@@ -31,14 +31,11 @@ func newWorker() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			tel, err := startTelemetry(ctx, "embcache-worker", metricsListen)
+			tel, err := startTelemetry(ctx, "worker", metricsListen, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			defer tel.shutdown()
-			if tel.addr != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "embcache worker: metrics at http://%s/metrics\n", tel.addr)
-			}
+			defer stopTelemetry(tel)
 			n, err := nf.start(ctx, newLogger(cmd.ErrOrStderr(), verbose), tel)
 			if err != nil {
 				return err

@@ -1,0 +1,34 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+)
+
+// ListenUnix listens on the Unix socket path for Serve: it makes the
+// directory, replaces a socket file no one answers on (its agent exited
+// without removing it), refuses one another agent serves on, and lets the
+// socket's group connect (0660).
+func ListenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: another agent is serving there", path)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		os.Remove(path) // stale: its agent exited without removing it
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}

@@ -1,0 +1,168 @@
+// Package inspect reads the cluster's state for an operator: the lease
+// bucket's keys and records, a summary of the bucket and the event stream,
+// and the events as they come (embcache leases, stats, events tail).
+package inspect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNoRecord is returned by Record for a key the bucket does not hold.
+var ErrNoRecord = errors.New("inspect: no such lease or record")
+
+// Bucket opens the lease bucket.
+func Bucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", lease.DefaultBucket, err)
+	}
+	return kv, nil
+}
+
+// Keys lists the bucket's keys, of one tenant if tenant is not "", sorted.
+func Keys(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]string, error) {
+	filter := ">"
+	if tenant != "" {
+		filter = tenant + ".>"
+	}
+	lister, err := kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// Record returns the value under key as it is stored, and its revision;
+// ErrNoRecord if there is none. Whether it decodes is lease.DecodeRecord's
+// to say.
+func Record(ctx context.Context, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNoRecord, key)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return e.Value(), e.Revision(), nil
+}
+
+// Summary is the state of the bucket and the event stream; each part is
+// nil when it does not exist.
+type Summary struct {
+	Bucket *BucketSummary `json:"bucket,omitempty"`
+	Events *StreamSummary `json:"events,omitempty"`
+	// LiveValues and UndecodableEvents come from a replay of the stream
+	// (nil without it): the values it calls live now, and the events it
+	// skipped.
+	LiveValues        *int `json:"live_values,omitempty"`
+	UndecodableEvents *int `json:"undecodable_events,omitempty"`
+}
+
+// BucketSummary is the lease bucket's size.
+type BucketSummary struct {
+	Name     string `json:"name"`
+	Values   uint64 `json:"values"`
+	Bytes    uint64 `json:"bytes"`
+	Replicas int    `json:"replicas"`
+}
+
+// StreamSummary is the event stream's size.
+type StreamSummary struct {
+	Stream   string `json:"stream"`
+	Messages uint64 `json:"messages"`
+	Bytes    uint64 `json:"bytes"`
+}
+
+// Summarize reads the bucket's and the stream's state, and replays the
+// stream to count the live values.
+func Summarize(ctx context.Context, js jetstream.JetStream) (Summary, error) {
+	var s Summary
+	if kv, err := js.KeyValue(ctx, lease.DefaultBucket); err == nil {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return s, err
+		}
+		s.Bucket = &BucketSummary{Name: st.Bucket(), Values: st.Values(), Bytes: st.Bytes()}
+		if ks, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			s.Bucket.Replicas = ks.StreamInfo().Config.Replicas
+		}
+	}
+	stream, err := js.Stream(ctx, events.StreamName)
+	if err != nil {
+		return s, nil // no stream: the bucket's part alone
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return s, err
+	}
+	s.Events = &StreamSummary{Stream: events.StreamName, Messages: info.State.Msgs, Bytes: info.State.Bytes}
+	state, skipped, err := events.Replay(ctx, js)
+	if err != nil {
+		return s, err
+	}
+	live := len(state.Live(time.Now()))
+	s.LiveValues, s.UndecodableEvents = &live, &skipped
+	return s, nil
+}
+
+// Tail hands each event the subscription opts selects to print, until ctx
+// ends or count (> 0) events were handed over.
+func Tail(ctx context.Context, js jetstream.JetStream, opts events.SubscribeOptions, count int, print func(events.Event)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := make(chan events.Event, 64)
+	sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
+		select {
+		case out <- e:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Stop()
+	for printed := 0; count <= 0 || printed < count; printed++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-out:
+			print(e)
+		}
+	}
+	return nil
+}
+
+// EventLine is how an operator reads e as JSON: its fields by name, the
+// empty ones left out.
+func EventLine(e events.Event) map[string]any {
+	line := map[string]any{"kind": e.Kind.String(), "tenant": e.Tenant, "key": e.Key.String(), "node": e.Node, "time": e.Time}
+	if e.Model != "" {
+		line["model"], line["epoch"] = e.Model, e.Epoch
+	}
+	if !e.Expires.IsZero() {
+		line["expires"] = e.Expires
+	}
+	if e.Location != nil {
+		line["location"] = e.Location
+	}
+	if e.Cause != 0 {
+		line["cause"] = e.Cause.String()
+	}
+	if e.Reason != "" {
+		line["reason"] = e.Reason
+	}
+	return line
+}

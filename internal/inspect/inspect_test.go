@@ -1,0 +1,86 @@
+package inspect_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/inspect"
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestKeysRecordAndSummary(t *testing.T) {
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := inspect.Bucket(ctx, js); err == nil {
+		t.Fatal("a bucket before any was created")
+	}
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"beta.2", "acme.9", "acme.1"} {
+		if _, err := b.KV().Put(ctx, k, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv, err := inspect.Bucket(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := inspect.Keys(ctx, kv, ""); err != nil || !slices.Equal(keys, []string{"acme.1", "acme.9", "beta.2"}) {
+		t.Fatalf("keys %v %v", keys, err)
+	}
+	if keys, err := inspect.Keys(ctx, kv, "acme"); err != nil || !slices.Equal(keys, []string{"acme.1", "acme.9"}) {
+		t.Fatalf("acme's keys %v %v", keys, err)
+	}
+	if v, rev, err := inspect.Record(ctx, kv, "beta.2"); err != nil || string(v) != "{}" || rev != 1 {
+		t.Fatalf("record %q at %d: %v", v, rev, err)
+	}
+	if _, _, err := inspect.Record(ctx, kv, "beta.3"); !errors.Is(err, inspect.ErrNoRecord) {
+		t.Fatalf("a missing record: %v", err)
+	}
+
+	sum, err := inspect.Summarize(ctx, js)
+	if err != nil || sum.Bucket == nil || sum.Bucket.Values != 3 || sum.Events != nil || sum.LiveValues != nil {
+		t.Fatalf("without the stream: %+v %v", sum, err)
+	}
+	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(js, 1, 8, nil)
+	obj := payload.ObjectID{Tenant: "acme", Key: cachekey.Key{1}}
+	loc := payload.Location{Transport: payload.TransportMemory, Node: "n", Object: obj.String(), Size: 64, Checksum: payload.Checksum{2}}
+	e := &events.Event{Kind: events.KindPublished, Tenant: "acme", Key: obj.Key, Node: "n", Time: time.Now(),
+		Expires: time.Now().Add(time.Hour), Location: &loc}
+	err = pub.PublishSync(ctx, e)
+	pub.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err = inspect.Summarize(ctx, js)
+	if err != nil || sum.Events == nil || sum.Events.Messages != 1 || sum.LiveValues == nil || *sum.LiveValues != 1 {
+		t.Fatalf("with the stream: %+v %v", sum, err)
+	}
+}
