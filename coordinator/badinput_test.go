@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -35,13 +36,13 @@ func TestBadLeaseRecordsNeverServeWrongValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := validCommitted()
+	good, _ := json.Marshal(validCommitted())
 	bad := map[string][]byte{
 		"garbage":         []byte("\x00\xff garbage"),
 		"wrong json":      []byte(`{"v":1,"state":`),
-		"unknown version": []byte(strings.Replace(string(good.Encode()), `"v":1`, `"v":9`, 1)),
-		"unknown state":   []byte(strings.Replace(string(good.Encode()), `"committed"`, `"finished"`, 1)),
-		"traversal":       []byte(strings.Replace(string(good.Encode()), `"object":"acme/`, `"object":"../../`, 1)),
+		"unknown version": []byte(strings.Replace(string(good), `"v":1`, `"v":9`, 1)),
+		"unknown state":   []byte(strings.Replace(string(good), `"committed"`, `"finished"`, 1)),
+		"traversal":       []byte(strings.Replace(string(good), `"object":"acme/`, `"object":"../../`, 1)),
 	}
 	var cnt counter
 	i := 40
@@ -92,7 +93,8 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 		loc := *rec.Location
 		tamper(&loc)
 		rec.Location, rec.Size, rec.Checksum = &loc, loc.Size, loc.Checksum.String()
-		if _, err := kv.Update(ctx, r.KVKey(), rec.Encode(), cur.Rev); err != nil {
+		data, _ := json.Marshal(rec)
+		if _, err := kv.Update(ctx, r.KVKey(), data, cur.Rev); err != nil {
 			t.Fatal(err)
 		}
 		reader := newCache(t, srv.ClientURL(), store)

@@ -552,7 +552,8 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 // Commits or Abandons. ErrHeld means another process holds or has
 // committed the key; ErrStoreUnavailable that the store cannot be reached;
 // ErrLeaseLost that the reservation was acknowledged too late to trust
-// (try again).
+// (try again); ErrClosed that the Cache was closed meanwhile (the key was
+// given back); ErrTenant that this Cache does not serve ref's tenant.
 func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
 	if err := c.validate(ref); err != nil {
 		return nil, err
@@ -570,7 +571,11 @@ func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reserva
 	now := time.Now()
 	rec := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: c.owner, Nonce: hex.EncodeToString(nonce[:]),
 		Started: now, Heartbeat: now, Model: ref.Model, Epoch: ref.Epoch}
-	l, err := lease.Acquire(ctx, b, ref.KVKey(), rec, lease.Config{TTL: c.s.leaseTTL, OpTimeout: c.s.opTimeout,
+	var st lease.Store = b
+	if wrap := c.s.leaseStore; wrap != nil {
+		st = wrap(b)
+	}
+	l, err := lease.Acquire(ctx, st, ref.KVKey(), rec, lease.Config{TTL: c.s.leaseTTL, OpTimeout: c.s.opTimeout,
 		Clock: c.s.clock, Hooks: c.leaseHooks()})
 	if err != nil {
 		return nil, err
@@ -589,7 +594,7 @@ func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reserva
 		l.Abandon(context.Background())
 		return nil, ErrClosed
 	}
-	c.obs.reserved(ref, l.Revision())
+	c.obs.reserved(ref, l.Record().Reserved) // the create's revision, whatever a renewal did since
 	return &Reservation{c: c, ref: ref, l: l}, nil
 }
 

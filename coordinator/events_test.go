@@ -17,7 +17,7 @@ import (
 // reconciler starts a reconciler on its own connection; stop ends it.
 func startReconciler(t *testing.T, url string, store payload.Transport, opts ...reconciler.Option) (r *reconciler.Reconciler, stop func()) {
 	t.Helper()
-	base := []reconciler.Option{reconciler.WithPayload(payload.TransportMemory, store), reconciler.WithNode("test-node"), reconciler.WithLeaseTTL(time.Second)}
+	base := []reconciler.Option{reconciler.WithDeleter(payload.TransportMemory, store), reconciler.WithNode("test-node"), reconciler.WithLeaseTTL(time.Second)}
 	r, err := reconciler.New(connect(t, url), append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)

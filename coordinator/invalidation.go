@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -58,15 +59,20 @@ func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, c
 // before it, with or without a reconciler (docs/protocol.md 4.4). Then it
 // publishes the invalidated event: every process drops its local copies
 // when it arrives, and the reconciler removes the records and payloads.
-// It uses the bucket and store TTL options (WithBucket, WithStoreTTL, the
-// tombstone's TTL is max(25 h, 2 x store TTL)) and WithNode; the bucket and
-// the event stream must exist.
-func Invalidate(ctx context.Context, nc *nats.Conn, tenant, model string, epoch uint64, opts ...Option) error {
+// The bucket and the event stream must exist (ErrStoreUnavailable).
+func Invalidate(ctx context.Context, nc *nats.Conn, inv Invalidation) error {
 	s := defaults()
-	for _, opt := range opts {
-		if err := opt(&s); err != nil {
-			return err
-		}
+	if inv.Bucket != "" {
+		s.bucket = inv.Bucket
+	}
+	if inv.Node != "" {
+		s.node = inv.Node
+	}
+	if inv.StoreTTL > 0 {
+		s.storeTTL = inv.StoreTTL
+	}
+	if inv.Logger != nil {
+		s.logger = inv.Logger
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -81,8 +87,19 @@ func Invalidate(ctx context.Context, nc *nats.Conn, tenant, model string, epoch 
 	}
 	pub := events.NewPublisher(js, 1, 1, s.logger)
 	defer pub.Close(context.WithoutCancel(ctx))
-	_, err = invalidate(ctx, b, pub, s.node+"/invalidate", s.node, tenant, model, epoch, s.storeTTL)
+	_, err = invalidate(ctx, b, pub, s.node+"/invalidate", s.node, inv.Tenant, inv.Model, inv.Epoch, s.storeTTL)
 	return err
+}
+
+// Invalidation is what Invalidate declares stale, and where it writes.
+// Tenant and Model are required; zero values elsewhere are defaults.
+type Invalidation struct {
+	Tenant, Model string
+	Epoch         uint64
+	Bucket        string        // default lease.DefaultBucket
+	Node          string        // who invalidates, in the tombstone's owner and the event (default: the host name)
+	StoreTTL      time.Duration // the cluster's store TTL (default 1h): the tombstone lives max(25 h, 2 x it)
+	Logger        *slog.Logger
 }
 
 // invalidate writes the tombstone, then publishes the event, and returns

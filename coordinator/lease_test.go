@@ -60,21 +60,41 @@ func newLeaseTest(t *testing.T, opts ...Option) *leaseTest {
 	srv := startServer(t)
 	lt := &leaseTest{clock: fakeclock.New(time.Now()), obs: &recorder{}, hooks: map[string]func(error) error{}}
 	answered := func(s *settings) error {
-		s.answered = func(op string, err error) error {
-			lt.mu.Lock()
-			h := lt.hooks[op]
-			delete(lt.hooks, op) // one call each
-			lt.mu.Unlock()
-			if h != nil {
-				return h(err)
-			}
-			return err
-		}
+		s.leaseStore = func(st lease.Store) lease.Store { return answeredStore{st, lt} }
 		return nil
 	}
 	lt.c = newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0),
 		append([]Option{WithLeaseTTL(longLease), WithClock(lt.clock), WithObserver(lt.obs), answered}, opts...)...)
 	return lt
+}
+
+// answeredStore passes the answers of a lease's writes ("write") and reads
+// ("read") through the test's hooks.
+type answeredStore struct {
+	lease.Store
+	lt *leaseTest
+}
+
+func (a answeredStore) CompareAndSet(ctx context.Context, key string, rev uint64, r lease.Record, ttl time.Duration) (uint64, error) {
+	newRev, err := a.Store.CompareAndSet(ctx, key, rev, r, ttl)
+	return newRev, a.lt.answer("write", err)
+}
+
+func (a answeredStore) Read(ctx context.Context, key string) (lease.Entry, error) {
+	cur, err := a.Store.Read(ctx, key)
+	return cur, a.lt.answer("read", err)
+}
+
+// answer passes err through the hook of op, once.
+func (lt *leaseTest) answer(op string, err error) error {
+	lt.mu.Lock()
+	h := lt.hooks[op]
+	delete(lt.hooks, op)
+	lt.mu.Unlock()
+	if h != nil {
+		return h(err)
+	}
+	return err
 }
 
 // onNext makes the answer of the lease's next op ("write" or "read") go

@@ -60,7 +60,7 @@ type settings struct {
 	touchInterval  time.Duration
 	eventReplicas  int
 	clock          Clock
-	answered       func(op string, err error) error // test hook: sees (and may replace) the answer to a lease's "write" or "read" before it is judged
+	leaseStore     func(lease.Store) lease.Store // test hook: what the leases write and read through (default: the bucket)
 	observer       Observer
 }
 
@@ -94,17 +94,13 @@ func defaults() settings {
 		retryInterval:  time.Second,
 		node:           host,
 		logger:         slog.Default(),
-		clock:          systemClock{},
+		clock:          lease.SystemClock{},
 	}
 }
 
 // Clock tells the time. Lease deadlines and record ages are measured with
 // it; tests inject a fake one so that no lease test waits out a TTL.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
+type Clock = lease.Clock
 
 // WithClock sets the clock lease deadlines and record ages are measured
 // with (default: the system clock, whose monotonic reading is used). The

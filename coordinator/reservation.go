@@ -68,7 +68,7 @@ func (r *Reservation) refused(err error) { r.c.obs.refused(r.ref, r.l.Revision()
 func (r *Reservation) Abandon(ctx context.Context, cause error) error {
 	err := r.l.Abandon(ctx)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
-		return fmt.Errorf("coordinator: abandoning %v after %v: %w", r.ref, cause, err)
+		return fmt.Errorf("%w (abandoned after: %v)", err, cause)
 	}
 	return err
 }
@@ -77,9 +77,8 @@ func (r *Reservation) Abandon(ctx context.Context, cause error) error {
 // writes are counted, an ended lease is forgotten.
 func (c *Cache) leaseHooks() lease.Hooks {
 	return lease.Hooks{
-		Lost:     func(_ *lease.Lease, during lease.Op, _ error) { c.obs.leaseLost(during) },
-		Late:     func(string) { c.obs.lateWrite() },
-		Ended:    c.forget,
-		Answered: c.s.answered,
+		Lost:  func(_ *lease.Lease, during lease.Op, _ error) { c.obs.leaseLost(during) },
+		Late:  func(string) { c.obs.lateWrite() },
+		Ended: c.forget,
 	}
 }

@@ -100,7 +100,11 @@ func (b *Bucket) subject(key string) string { return "$KV." + b.cfg.Name + "." +
 // Create writes r under key if the key has no live value, with a per-key
 // TTL. It returns the revision; ErrHeld means someone else has the key.
 func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
-	rev, err := b.kv.Create(ctx, key, r.Encode(), jetstream.KeyTTL(wholeSeconds(ttl)))
+	data, err := r.encode()
+	if err != nil {
+		return 0, err
+	}
+	rev, err := b.kv.Create(ctx, key, data, jetstream.KeyTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
 			return 0, fmt.Errorf("%w: %s", ErrHeld, key)
@@ -115,7 +119,11 @@ func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Dura
 // key's subject with the expected-sequence and TTL headers itself.
 // ErrLost means rev is no longer the key's revision.
 func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
-	msg := &nats.Msg{Subject: b.subject(key), Data: r.Encode()}
+	data, err := r.encode()
+	if err != nil {
+		return 0, err
+	}
+	msg := &nats.Msg{Subject: b.subject(key), Data: data}
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
@@ -139,7 +147,11 @@ func (b *Bucket) Purge(ctx context.Context, key string, rev uint64) error {
 // Put writes r under key whatever is there, with a per-key TTL, and
 // returns the revision.
 func (b *Bucket) Put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
-	msg := &nats.Msg{Subject: b.subject(key), Data: r.Encode()}
+	data, err := r.encode()
+	if err != nil {
+		return 0, err
+	}
+	msg := &nats.Msg{Subject: b.subject(key), Data: data}
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		return 0, err

@@ -14,8 +14,11 @@ var (
 	// or another process took the key over. The fencing refused the write.
 	ErrLost = errors.New("lease: lost")
 	// ErrBadRecord is returned for a record that does not decode or breaks
-	// the protocol's rules.
+	// the protocol's rules, read or about to be written.
 	ErrBadRecord = errors.New("lease: bad record")
+	// ErrInvalidConfig is returned by Acquire for a Config it cannot hold
+	// a lease with.
+	ErrInvalidConfig = errors.New("lease: invalid config")
 )
 
 // ErrLate is returned by Acquire for a create acknowledged after its own

@@ -14,9 +14,12 @@ import (
 // fake one so that no lease test waits out a TTL.
 type Clock interface{ Now() time.Time }
 
-type systemClock struct{}
+// SystemClock is the system's clock, whose monotonic reading deadlines
+// are measured with.
+type SystemClock struct{}
 
-func (systemClock) Now() time.Time { return time.Now() }
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
 
 // Op is what a lease was doing when it was lost.
 type Op uint8
@@ -38,16 +41,32 @@ func (o Op) String() string {
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
 
+// Store is what a lease writes and reads its key through: a *Bucket, or
+// a wrapper of one (tests make answers slow or lose them with one).
+type Store interface {
+	Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error)
+	CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error)
+	Purge(ctx context.Context, key string, rev uint64) error
+	Read(ctx context.Context, key string) (Entry, error)
+	// Direct reports whether a Read may be a follower's answer, which
+	// never proves that a write landed.
+	Direct() bool
+}
+
 // Config is how a lease is held. TTL is required.
 type Config struct {
-	TTL       time.Duration // the lease's TTL: each revision lives this long unless renewed
-	OpTimeout time.Duration // bound of each store call (default 2s)
+	// TTL is the lease's: each revision lives this long unless renewed.
+	// At least 1s (JetStream keeps TTLs in whole seconds).
+	TTL       time.Duration
+	OpTimeout time.Duration // bound of each store call (0: 2s)
 	Clock     Clock         // default: the system clock
 	Hooks     Hooks
 }
 
 // Hooks hear what happens to leases; every field is optional. They are
-// called on the lease's goroutines, never under its locks: keep them fast.
+// called without the lease's locks held, on the goroutine that found what
+// they report (the heartbeat's, or the caller's of Acquire, Held or
+// Commit): keep them fast.
 type Hooks struct {
 	// Lost is called once for a lease that is lost, with what found it:
 	// a renewal (OpRenew), or Held or Commit (OpCommit).
@@ -58,21 +77,20 @@ type Hooks struct {
 	// Ended is called when a lease's heartbeats have stopped: it was
 	// committed, abandoned, lost, or stopped.
 	Ended func(l *Lease)
-	// Answered sees, and may replace, the answer to each of a lease's
-	// writes ("write") and reads ("read") before it is judged: fault
-	// injection for tests.
-	Answered func(op string, err error) error
 }
 
 func (c *Config) validate() error {
-	if c.TTL <= 0 {
-		return fmt.Errorf("lease: TTL must be > 0, got %v", c.TTL)
+	if c.TTL < time.Second {
+		return fmt.Errorf("%w: TTL must be >= 1s (JetStream TTLs are whole seconds), got %v", ErrInvalidConfig, c.TTL)
 	}
-	if c.OpTimeout <= 0 {
+	if c.OpTimeout < 0 {
+		return fmt.Errorf("%w: op timeout %v < 0", ErrInvalidConfig, c.OpTimeout)
+	}
+	if c.OpTimeout == 0 {
 		c.OpTimeout = 2 * time.Second
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = SystemClock{}
 	}
 	return nil
 }
@@ -91,7 +109,7 @@ func (c *Config) validate() error {
 // whose deadline passes without a renewal landing is lost
 // (docs/protocol.md, section 3).
 type Lease struct {
-	b     *Bucket
+	b     Store
 	cfg   Config
 	key   string // KV key
 	ttl   time.Duration
@@ -137,8 +155,9 @@ type attempt struct {
 // every third of cfg.TTL. The record's Reserved is set to the revision the
 // create made, and carried by the renewals and the commit. ErrHeld means
 // the key is live; ErrLate that the create was acknowledged after its TTL
-// (the key was given back: try again).
-func Acquire(ctx context.Context, b *Bucket, key string, rec Record, cfg Config) (*Lease, error) {
+// (the key was given back: try again); ErrInvalidConfig and ErrBadRecord
+// that cfg or rec cannot make a lease.
+func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (*Lease, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -286,9 +305,6 @@ func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) 
 	l.pending = append(l.pending, attempt{heartbeat: rec.Heartbeat, sent: sent, ttl: ttl})
 	newRev, err := l.b.CompareAndSet(octx, l.key, rev, rec, ttl)
 	cancel()
-	if h := l.cfg.Hooks.Answered; h != nil {
-		err = h("write", err)
-	}
 	acked := l.clock.Now()
 	switch {
 	case err == nil:
@@ -336,9 +352,6 @@ func (l *Lease) settleLocked(ctx context.Context) error {
 	octx, cancel := context.WithTimeout(ctx, min(l.cfg.OpTimeout, left))
 	cur, err := l.b.Read(octx, l.key)
 	cancel()
-	if h := l.cfg.Hooks.Answered; h != nil {
-		err = h("read", err)
-	}
 	answered := l.clock.Now()
 	if err != nil && !errors.Is(err, ErrBadRecord) {
 		return err
@@ -407,14 +420,24 @@ func (l *Lease) isEnded() bool {
 // lose ends the lease with err, found during op, and tells the Lost hook,
 // unless it had already ended.
 func (l *Lease) lose(err error, during Op) {
+	if l.end(err) {
+		l.lost(err, during)
+	}
+}
+
+// end ends the lease with err; false if it had already ended.
+func (l *Lease) end(err error) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.ended {
-		l.mu.Unlock()
-		return
+		return false
 	}
 	l.err = err
 	l.endLocked()
-	l.mu.Unlock()
+	return true
+}
+
+func (l *Lease) lost(err error, during Op) {
 	if h := l.cfg.Hooks.Lost; h != nil {
 		h(l, during, err)
 	}
@@ -466,17 +489,20 @@ func (l *Lease) Held() error {
 // trust is such a case.
 func (l *Lease) Commit(ctx context.Context, loc payload.Location, v *payload.Value, ttl time.Duration) (uint64, error) {
 	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
 	rev, err := l.commitLocked(ctx, loc, v, ttl)
+	ended := false
+	if err == nil {
+		l.finish()
+	} else if errors.Is(err, ErrLost) {
+		ended = l.end(err) // under writeMu: no renewal can find the loss first
+	}
+	l.writeMu.Unlock()
+	if ended {
+		l.lost(err, OpCommit) // the hook may call back into the lease
+	}
 	if err != nil {
-		if errors.Is(err, ErrLost) {
-			l.lose(err, OpCommit)
-		}
 		return 0, err
 	}
-	l.mu.Lock()
-	l.endLocked()
-	l.mu.Unlock()
 	return rev, nil
 }
 
@@ -570,10 +596,10 @@ func (l *Lease) endedErr() error {
 	return fmt.Errorf("%w: lease on %s already ended", ErrLost, l.key)
 }
 
-// Stop stops renewing the lease without ending it and waits for the
-// heartbeats to stop: the key stays held until its TTL runs out on the
-// server, as for a process that stopped. For a holder's Close, and for
-// tests of a paused holder.
+// Stop stops renewing the lease without ending it (Done stays open) and
+// waits for the heartbeats to stop: the key stays held until its TTL runs
+// out on the server, as for a process that stopped. For a holder's Close,
+// and for tests of a paused holder.
 func (l *Lease) Stop() {
 	l.stopOnce.Do(func() { close(l.stopBeats) })
 	<-l.beatsDone

@@ -38,7 +38,7 @@ func TestAcquireFencesTheKey(t *testing.T) {
 		t.Fatalf("reserved %d, revision %d", got, l.Revision())
 	}
 	rec := l.Record()
-	if _, err := Acquire(context.Background(), f.b, kvKey(1), rec, f.config()); !errors.Is(err, ErrHeld) {
+	if _, err := Acquire(context.Background(), f.store(), kvKey(1), rec, f.config()); !errors.Is(err, ErrHeld) {
 		t.Fatalf("second acquire: %v, want ErrHeld", err)
 	}
 	if _, err := f.b.CompareAndSet(context.Background(), kvKey(1), l.Revision()-1, rec, time.Minute); !errors.Is(err, ErrLost) {

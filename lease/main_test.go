@@ -75,17 +75,38 @@ func (f *fixture) config() Config {
 			f.ended++
 			f.mu.Unlock()
 		},
-		Answered: func(op string, err error) error {
-			f.mu.Lock()
-			h := f.next[op]
-			delete(f.next, op)
-			f.mu.Unlock()
-			if h != nil {
-				return h(err)
-			}
-			return err
-		},
 	}}
+}
+
+// store is the bucket as the fixture's leases see it: answers pass
+// through the hooks onNext sets.
+func (f *fixture) store() Store { return answeredStore{f.b, f} }
+
+type answeredStore struct {
+	*Bucket
+	f *fixture
+}
+
+func (a answeredStore) CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
+	newRev, err := a.Bucket.CompareAndSet(ctx, key, rev, r, ttl)
+	return newRev, a.f.answer("write", err)
+}
+
+func (a answeredStore) Read(ctx context.Context, key string) (Entry, error) {
+	cur, err := a.Bucket.Read(ctx, key)
+	return cur, a.f.answer("read", err)
+}
+
+// answer passes err through the hook of op, once.
+func (f *fixture) answer(op string, err error) error {
+	f.mu.Lock()
+	h := f.next[op]
+	delete(f.next, op)
+	f.mu.Unlock()
+	if h != nil {
+		return h(err)
+	}
+	return err
 }
 
 // onNext makes the answer of the next op ("write" or "read") go through h.
@@ -106,7 +127,7 @@ func (f *fixture) acquire(t *testing.T, i int) *Lease {
 	t.Helper()
 	now := time.Now()
 	rec := Record{V: RecordVersion, State: StateComputing, Owner: "test/1/x", Nonce: "n", Started: now, Heartbeat: now}
-	l, err := Acquire(context.Background(), f.b, kvKey(i), rec, f.config())
+	l, err := Acquire(context.Background(), f.store(), kvKey(i), rec, f.config())
 	if err != nil {
 		t.Fatal(err)
 	}

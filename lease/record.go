@@ -153,22 +153,23 @@ func (e *badRecordError) Error() string { return ErrBadRecord.Error() + ": " + e
 
 func (e *badRecordError) Unwrap() error { return ErrBadRecord }
 
-// Reason says why err's record did not decode (malformed for an error that
+// BadReason says why err's record did not decode (malformed for an error that
 // is not a bad record's).
-func Reason(err error) events.BadReason {
+func BadReason(err error) events.BadReason {
 	if e, ok := errors.AsType[*badRecordError](err); ok {
 		return e.reason
 	}
 	return events.BadMalformed
 }
 
-// Encode returns r's JSON, as it is stored.
-func (r Record) Encode() []byte {
+// encode returns r's JSON, as it is stored. A record without a valid
+// state does not marshal: ErrBadRecord.
+func (r Record) encode() ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
-		panic("lease: a record always marshals: " + err.Error())
+		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
 	}
-	return b
+	return b, nil
 }
 
 // Committed returns r turned into the committed record of a value at loc,

@@ -19,12 +19,12 @@ func validCommitted() Record {
 
 func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 	good := validCommitted()
-	if _, err := DecodeRecord(good.Encode()); err != nil {
+	if _, err := DecodeRecord(good.mustEncode()); err != nil {
 		t.Fatalf("a valid record: %v", err)
 	}
 	edit := func(f func(m map[string]any)) []byte {
 		var m map[string]any
-		json.Unmarshal(good.Encode(), &m)
+		json.Unmarshal(good.mustEncode(), &m)
 		f(m)
 		b, _ := json.Marshal(m)
 		return b
@@ -32,7 +32,7 @@ func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"empty":              nil,
 		"not json":           []byte("committed"),
-		"truncated":          good.Encode()[:40],
+		"truncated":          good.mustEncode()[:40],
 		"array":              []byte("[1,2]"),
 		"unknown version":    edit(func(m map[string]any) { m["v"] = 2 }),
 		"no version":         edit(func(m map[string]any) { delete(m, "v") }),
@@ -59,10 +59,10 @@ func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 // protocol's rules or fail with ErrBadRecord; never a panic.
 func FuzzDecodeRecord(f *testing.F) {
 	good := validCommitted()
-	f.Add(good.Encode())
+	f.Add(good.mustEncode())
 	computing := good
 	computing.State, computing.Location = StateComputing, nil
-	f.Add(computing.Encode())
+	f.Add(computing.mustEncode())
 	f.Add([]byte(`{"v":1,"state":"committed","owner":"x","location":{"transport":"shm","object":"a/b","size":64}}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -77,4 +77,19 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatal("a committed record without a valid location decoded")
 		}
 	})
+}
+
+func (r Record) mustEncode() []byte {
+	b, err := r.encode()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// A record without a state is refused before it is written.
+func TestUnmarshalableRecordIsBadRecord(t *testing.T) {
+	if _, err := (Record{V: RecordVersion, Owner: "o"}).encode(); !errors.Is(err, ErrBadRecord) {
+		t.Fatalf("got %v", err)
+	}
 }

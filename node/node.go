@@ -50,7 +50,7 @@ type Node struct {
 func New(opts Options) (*Node, error) {
 	opts.NATSOptions = append([]nats.Option(nil), opts.NATSOptions...)
 	opts.Cache = append([]coordinator.Option(nil), opts.Cache...)
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	return &Node{opts: opts}, nil
@@ -120,9 +120,9 @@ func (n *Node) ensureStream(ctx context.Context) {
 // of this node's shm store and, with PayloadMooncake, of the Mooncake
 // store the cluster shares.
 func (n *Node) startReconciler(ctx context.Context) error {
-	opts := append(n.opts.reconcilerOptions(), reconciler.WithPayload(payload.TransportShm, n.store))
+	opts := append(n.opts.reconcilerOptions(), reconciler.WithDeleter(payload.TransportShm, n.store))
 	if n.mooncake != nil {
-		opts = append(opts, reconciler.WithPayload(payload.TransportMooncake, n.mooncake))
+		opts = append(opts, reconciler.WithDeleter(payload.TransportMooncake, n.mooncake))
 	}
 	rec, err := reconciler.New(n.nc, opts...)
 	if err != nil {

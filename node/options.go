@@ -63,6 +63,7 @@ type Options struct {
 	// processes shm files anyway.
 	PullToShm bool
 
+	Bucket       string        // the lease bucket (default lease.DefaultBucket)
 	Replicas     int           // of the bucket and stream when this node creates them (0: the coordinator's default)
 	LeaseTTL     time.Duration // 0: the coordinator's default
 	StoreTTL     time.Duration // committed record TTL (0: the coordinator's default)
@@ -83,7 +84,9 @@ type Options struct {
 	TracerProvider trace.TracerProvider // default: the global provider
 
 	// Cache holds further options for the Cache (compute timeout, local
-	// cache budget, ...), applied after the node's own.
+	// cache budget, ...), applied after the node's own. What Options sets
+	// (node name, mode, bucket, replicas, TTLs, payload, telemetry) is set
+	// here and not there: the reconciler does not see Cache.
 	Cache []coordinator.Option
 }
 
@@ -100,8 +103,9 @@ type MooncakeOptions struct {
 	LocalBufferSize   uint64 // bytes of transfer buffer (default 128 MiB)
 }
 
-// validate checks o and fills its defaults.
-func (o *Options) validate() error {
+// Validate checks o and fills its defaults, as New does: the error wraps
+// ErrInvalidOption, or is ErrMooncakeNotBuilt.
+func (o *Options) Validate() error {
 	if o.NATSURL == "" {
 		return fmt.Errorf("%w: no NATS URL", ErrInvalidOption)
 	}
@@ -158,34 +162,10 @@ func (o *Options) mode() coordinator.Mode {
 
 // cacheOptions are the Cache's options for the node's parts.
 func (o *Options) cacheOptions() []coordinator.Option {
-	opts := append(o.sharedOptions(), coordinator.WithMode(o.mode()))
-	if o.PayloadSweep != 0 {
-		opts = append(opts, coordinator.WithPayloadSweep(o.PayloadSweep))
+	opts := []coordinator.Option{coordinator.WithNode(o.Name), coordinator.WithLogger(o.Logger), coordinator.WithMode(o.mode())}
+	if o.Bucket != "" {
+		opts = append(opts, coordinator.WithBucket(o.Bucket))
 	}
-	if !o.NoEvents {
-		opts = append(opts, coordinator.WithEvents(0))
-	}
-	return opts
-}
-
-// reconcilerOptions are the reconciler's options for the node's parts.
-func (o *Options) reconcilerOptions() []reconciler.Option {
-	opts := []reconciler.Option{reconciler.WithNode(o.Name), reconciler.WithLogger(o.Logger)}
-	if o.Replicas != 0 {
-		opts = append(opts, reconciler.WithReplicas(o.Replicas))
-	}
-	if o.LeaseTTL != 0 {
-		opts = append(opts, reconciler.WithLeaseTTL(o.LeaseTTL))
-	}
-	if o.MeterProvider != nil {
-		opts = append(opts, reconciler.WithMeterProvider(o.MeterProvider))
-	}
-	return opts
-}
-
-// sharedOptions are the Cache's options for the node's parts.
-func (o *Options) sharedOptions() []coordinator.Option {
-	opts := []coordinator.Option{coordinator.WithNode(o.Name), coordinator.WithLogger(o.Logger)}
 	if o.Replicas != 0 {
 		opts = append(opts, coordinator.WithReplicas(o.Replicas))
 	}
@@ -200,6 +180,30 @@ func (o *Options) sharedOptions() []coordinator.Option {
 	}
 	if o.TracerProvider != nil {
 		opts = append(opts, coordinator.WithTracerProvider(o.TracerProvider))
+	}
+	if o.PayloadSweep != 0 {
+		opts = append(opts, coordinator.WithPayloadSweep(o.PayloadSweep))
+	}
+	if !o.NoEvents {
+		opts = append(opts, coordinator.WithEvents(0))
+	}
+	return opts
+}
+
+// reconcilerOptions are the reconciler's options for the node's parts.
+func (o *Options) reconcilerOptions() []reconciler.Option {
+	opts := []reconciler.Option{reconciler.WithNode(o.Name), reconciler.WithLogger(o.Logger)}
+	if o.Bucket != "" {
+		opts = append(opts, reconciler.WithBucket(o.Bucket))
+	}
+	if o.Replicas != 0 {
+		opts = append(opts, reconciler.WithReplicas(o.Replicas))
+	}
+	if o.LeaseTTL != 0 {
+		opts = append(opts, reconciler.WithLeaseTTL(o.LeaseTTL))
+	}
+	if o.MeterProvider != nil {
+		opts = append(opts, reconciler.WithMeterProvider(o.MeterProvider))
 	}
 	return opts
 }

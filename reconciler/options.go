@@ -44,12 +44,8 @@ func defaults() settings {
 		host = "node"
 	}
 	return settings{bucket: lease.DefaultBucket, replicas: 1, leaseTTL: 5 * time.Second, markerTTL: time.Minute,
-		opTimeout: 2 * time.Second, node: host, deleters: map[string]Deleter{}, logger: slog.Default(), clock: systemClock{}}
+		opTimeout: 2 * time.Second, node: host, deleters: map[string]Deleter{}, logger: slog.Default(), clock: lease.SystemClock{}}
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // WithNode names the node the reconciler runs on (default: the host
 // name): it removes that node's payloads, and shared stores'.
@@ -109,11 +105,11 @@ func WithOpTimeout(d time.Duration) Option {
 	}
 }
 
-// WithPayload lets the reconciler remove payloads of transport kind
+// WithDeleter lets the reconciler remove payloads of transport kind
 // (payload.TransportShm, ...) with d: this node's, or a shared store's
 // (payload.TransportMooncake). Other nodes remove theirs when the evicted
 // event reaches them.
-func WithPayload(kind string, d Deleter) Option {
+func WithDeleter(kind string, d Deleter) Option {
 	return func(s *settings) error {
 		if kind == "" || d == nil {
 			return fmt.Errorf("%w: a payload deleter needs a transport kind and a deleter", ErrInvalidOption)

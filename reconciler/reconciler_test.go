@@ -34,7 +34,7 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		"lease TTL under 1s": reconciler.WithLeaseTTL(500 * time.Millisecond),
 		"no node":            reconciler.WithNode(""),
 		"replicas":           reconciler.WithReplicas(7),
-		"nil deleter":        reconciler.WithPayload("shm", nil),
+		"nil deleter":        reconciler.WithDeleter("shm", nil),
 		"nil clock":          reconciler.WithClock(nil),
 	} {
 		if _, err := reconciler.New(&nats.Conn{}, opt); !errors.Is(err, reconciler.ErrInvalidOption) {

@@ -255,8 +255,8 @@ func newInvalidate() *cobra.Command {
 			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
-			err = coordinator.Invalidate(ctx, nc, tenant, model, epoch, coordinator.WithStoreTTL(storeTTL),
-				coordinator.WithNode(hostname()), coordinator.WithLogger(newLogger(cmd.ErrOrStderr(), false)))
+			err = coordinator.Invalidate(ctx, nc, coordinator.Invalidation{Tenant: tenant, Model: model, Epoch: epoch,
+				StoreTTL: storeTTL, Node: hostname(), Logger: newLogger(cmd.ErrOrStderr(), false)})
 			if err != nil {
 				return err
 			}

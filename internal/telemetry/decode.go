@@ -99,5 +99,5 @@ func (d *Decode) EventBad(r events.BadReason) {
 // RecordBad counts a record that did not decode (err wraps
 // lease.ErrBadRecord), come upon by op (OpRead or OpWatch).
 func (d *Decode) RecordBad(err error, op string) {
-	d.recordsBad.Add(context.Background(), 1, recordAttrs[[2]string{lease.Reason(err).String(), op}])
+	d.recordsBad.Add(context.Background(), 1, recordAttrs[[2]string{lease.BadReason(err).String(), op}])
 }
