@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/spf13/cobra"
@@ -56,13 +52,9 @@ func (f *keyFlags) key() (cachekey.Key, cachekey.Mode, error) {
 	if f.configPath == "" {
 		return cachekey.Key{}, 0, usagef("--config is required")
 	}
-	raw, err := readAtMost(f.configPath, cachekey.MaxConfigBytes)
+	cfg, err := readConfig(f.configPath)
 	if err != nil {
-		return cachekey.Key{}, 0, usagef("config %s: %v", f.configPath, err)
-	}
-	cfg, err := cachekey.DecodeConfig(raw)
-	if err != nil {
-		return cachekey.Key{}, 0, usagef("config %s: %w", f.configPath, err)
+		return cachekey.Key{}, 0, err
 	}
 	keyer, err := cachekey.NewKeyer(cfg)
 	if err != nil {
@@ -87,8 +79,11 @@ func (f *keyFlags) key() (cachekey.Key, cachekey.Mode, error) {
 		key, err := keyFile(f.tensorPath, func(r io.Reader) (cachekey.Key, error) { return keyer.TensorFrom(d, dims, r) })
 		return key, cachekey.ModeTensor, err
 	}
-	tokens, err := readTokens(f.tokensPath)
-	if err != nil {
+	var tokens []uint32
+	if _, err := keyFile(f.tokensPath, func(r io.Reader) (k cachekey.Key, err error) {
+		tokens, err = cachekey.ReadTokens(r)
+		return k, err
+	}); err != nil {
 		return cachekey.Key{}, 0, err
 	}
 	key, err := keyer.Tokens(f.blockSize, tokens)
@@ -112,60 +107,31 @@ func keyFile(path string, key func(io.Reader) (cachekey.Key, error)) (cachekey.K
 	return k, nil
 }
 
-// readTokens reads whitespace-separated token ids, 4 bytes a token: the
-// text is not held.
-func readTokens(path string) ([]uint32, error) {
+// readConfig reads and decodes the config file at path; anything wrong
+// with it is a usage error naming the file.
+func readConfig(path string) (cachekey.PreprocessingConfig, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return cachekey.PreprocessingConfig{}, usagef("config %s: %v", path, err)
 	}
 	defer f.Close()
-	var tokens []uint32
-	words := bufio.NewScanner(f)
-	words.Split(bufio.ScanWords)
-	for words.Scan() {
-		v, err := strconv.ParseUint(words.Text(), 10, 32)
-		if err != nil {
-			return nil, usagef("token %q: %v", words.Text(), err)
-		}
-		tokens = append(tokens, uint32(v))
+	cfg, err := cachekey.ReadConfig(f)
+	if err != nil {
+		return cfg, usagef("config %s: %w", path, err)
 	}
-	if err := words.Err(); err != nil {
-		return nil, usagef("%s: %v", path, err)
-	}
-	return tokens, nil
+	return cfg, nil
 }
 
+// parseShape is cachekey.ParseShape as a usage error.
 func parseShape(s string) ([]int64, error) {
 	if s == "" {
-		return nil, usagef("--shape is required with --tensor")
+		return nil, usagef("--shape is required")
 	}
-	var dims []int64
-	for _, part := range strings.Split(s, ",") {
-		d, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
-		if err != nil {
-			return nil, usagef("--shape %q: %v", s, err)
-		}
-		dims = append(dims, d)
+	dims, err := cachekey.ParseShape(s)
+	if err != nil {
+		return nil, usageError{err}
 	}
 	return dims, nil
-}
-
-// readAtMost reads a file of at most limit bytes.
-func readAtMost(path string, limit int) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > limit {
-		return nil, fmt.Errorf("more than %d bytes (a config is at most that)", limit)
-	}
-	return data, nil
 }
 
 // keyInputError is an input that cannot be keyed (exit 2), or a failed read
