@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
-	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/fakeclock"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/payload"
-	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
@@ -49,16 +48,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, direct bool) *fixture {
 	t.Helper()
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Conn(t)
 	b, err := OpenBucket(context.Background(), nc, BucketConfig{Name: DefaultBucket, MarkerTTL: time.Minute, Direct: direct})
 	if err != nil {
 		t.Fatal(err)

@@ -6,28 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func connect(t *testing.T) *nats.Conn {
-	t.Helper()
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 func TestNewRefusesBadOptions(t *testing.T) {
 	for name, opt := range map[string]reconciler.Option{
@@ -74,7 +59,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // One of two reconcilers is active; when it stops, the other takes over
 // within about a lease TTL.
 func TestOneActiveAndFailover(t *testing.T) {
-	nc := connect(t)
+	nc := natstest.Conn(t)
 	opts := []reconciler.Option{reconciler.WithLeaseTTL(time.Second), reconciler.WithNode("test")}
 	a, err := reconciler.New(nc, opts...)
 	if err != nil {

@@ -8,12 +8,11 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
-	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/inspect"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
@@ -21,16 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestKeysRecordAndSummary(t *testing.T) {
-	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Conn(t)
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
 	if _, err := inspect.Bucket(ctx, js); err == nil {
