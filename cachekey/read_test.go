@@ -2,6 +2,8 @@ package cachekey
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -32,5 +34,24 @@ func TestReadConfigIsBounded(t *testing.T) {
 	}
 	if _, err := ReadConfig(strings.NewReader("{}")); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("an empty config: %v", err)
+	}
+}
+
+// The docs' example configs are complete configs.
+func TestExampleConfigsDecode(t *testing.T) {
+	paths, _ := filepath.Glob("../docs/examples/*-config.json")
+	if len(paths) == 0 {
+		t.Fatal("no example configs in docs/examples")
+	}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ReadConfig(f)
+		f.Close()
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
 	}
 }

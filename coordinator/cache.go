@@ -377,6 +377,12 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				}
 				return v, PathRemoteHit, nil
 			}
+			if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) {
+				// Readable where it was written, not here (no transport
+				// for it, another node's shm): not corrupt, so the record
+				// stays for those who can read it.
+				return c.degraded(ctx, ref, fn, err)
+			}
 			if attempt >= 3 {
 				return c.degraded(ctx, ref, fn, err)
 			}

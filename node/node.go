@@ -146,14 +146,24 @@ func (n *Node) openPayload() (*payload.Router, error) {
 	if o.PullToShm {
 		ropts = append(ropts, payload.WithPullToNodeStore())
 	}
-	switch o.Payload {
-	case PayloadHTTP:
+	if o.Payload == PayloadHTTP {
 		tr, err := n.listenHTTP()
 		if err != nil {
 			return nil, err
 		}
 		return payload.NewRouter(o.Name, payload.TransportHTTP, tr, ropts...)
-	case PayloadMooncake:
+	}
+	// A node that does not serve pulls still pulls from the nodes that do.
+	var hopts []httppull.Option
+	if o.PayloadToken != "" {
+		hopts = append(hopts, httppull.WithToken(o.PayloadToken))
+	}
+	pull, err := httppull.NewReader(hopts...)
+	if err != nil {
+		return nil, err
+	}
+	ropts = append(ropts, payload.WithReader(payload.TransportHTTP, pull))
+	if o.Payload == PayloadMooncake {
 		mc, err := openMooncake(o.Name, o.Mooncake)
 		if err != nil {
 			return nil, err
@@ -164,10 +174,20 @@ func (n *Node) openPayload() (*payload.Router, error) {
 	return payload.NewRouter(o.Name, payload.TransportShm, n.store, ropts...)
 }
 
-// listenHTTP starts the pull server over the shm store and returns the
-// transport that pulls from the others.
+// listenHTTP starts the pull server over the shm store (unless another
+// process of the node serves it: Advertise without PayloadListen) and
+// returns the transport that writes there and pulls from the others.
 func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	o := &n.opts
+	sopts := []httppull.ServerOption{httppull.WithLogger(o.Logger)}
+	var topts []httppull.Option
+	if o.PayloadToken != "" {
+		sopts = append(sopts, httppull.WithServerToken(o.PayloadToken))
+		topts = append(topts, httppull.WithToken(o.PayloadToken))
+	}
+	if o.PayloadListen == "" {
+		return httppull.NewTransport(o.Name, o.Advertise, n.store, topts...)
+	}
 	l, err := net.Listen("tcp", o.PayloadListen)
 	if err != nil {
 		return nil, fmt.Errorf("payload listener: %w", err)
@@ -175,12 +195,6 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	adv := o.Advertise
 	if adv == "" {
 		adv = "http://" + l.Addr().String()
-	}
-	sopts := []httppull.ServerOption{httppull.WithLogger(o.Logger)}
-	var topts []httppull.Option
-	if o.PayloadToken != "" {
-		sopts = append(sopts, httppull.WithServerToken(o.PayloadToken))
-		topts = append(topts, httppull.WithToken(o.PayloadToken))
 	}
 	tr, err := httppull.NewTransport(o.Name, adv, n.store, topts...)
 	if err != nil {

@@ -99,6 +99,71 @@ func TestTwoNodesPullOverHTTP(t *testing.T) {
 	nb.Cache().Release("req-b")
 }
 
+// computeOn computes r's value on n (it must be a miss) and returns it.
+func computeOn(t *testing.T, n *node.Node, r coordinator.Ref, data []byte) {
+	t.Helper()
+	_, path, err := n.Cache().GetOrComputePath(context.Background(), "w", r, func(context.Context) (*payload.Value, error) {
+		return payload.NewTensor(cachekey.Uint8, []int64{int64(len(data))}, data), nil
+	})
+	if err != nil || path != coordinator.PathComputed {
+		t.Fatalf("%s: path %v err %v", n.Name(), path, err)
+	}
+	n.Cache().Release("w")
+}
+
+// pullOn gets r's value on n, which must not compute it.
+func pullOn(t *testing.T, n *node.Node, r coordinator.Ref, want []byte) {
+	t.Helper()
+	v, path, err := n.Cache().GetOrComputePath(context.Background(), "r", r, func(context.Context) (*payload.Value, error) {
+		t.Errorf("%s computed a committed key", n.Name())
+		return nil, errors.New("computed")
+	})
+	if err != nil || path != coordinator.PathRemoteHit || !bytes.Equal(v.Tensor.Data, want) {
+		t.Fatalf("%s: path %v err %v", n.Name(), path, err)
+	}
+	n.Cache().Release("r")
+}
+
+// A node that writes to its shm store still pulls what HTTP nodes wrote.
+// What it wrote, another machine cannot read: that one computes it itself
+// and leaves the record (it is not corrupt) to the writer's node.
+func TestShmNodePullsFromHTTPNodes(t *testing.T) {
+	srv := startServer(t)
+	h := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "h", ShmDir: t.TempDir(), PayloadListen: "127.0.0.1:0", NoEvents: true})
+	s := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "s", ShmDir: t.TempDir(), NoEvents: true})
+	one, two := bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)
+	computeOn(t, h, ref(t, "written over http"), one)
+	pullOn(t, s, ref(t, "written over http"), one)
+
+	computeOn(t, s, ref(t, "written to shm"), two)
+	_, path, err := h.Cache().GetOrComputePath(context.Background(), "r", ref(t, "written to shm"), func(context.Context) (*payload.Value, error) {
+		return payload.NewTensor(cachekey.Uint8, []int64{4096}, two), nil
+	})
+	if err != nil || path != coordinator.PathDegraded {
+		t.Fatalf("another machine's shm value: path %v err %v, want degraded", path, err)
+	}
+	h.Cache().Release("r")
+	s.Cache().Drop(ref(t, "written to shm"))
+	pullOn(t, s, ref(t, "written to shm"), two) // the record is still there
+}
+
+// Workers that do not serve pulls advertise the pull server of their
+// node's serve, which serves the node's shm store.
+func TestWorkersAdvertiseTheNodesPullServer(t *testing.T) {
+	srv := startServer(t)
+	dir := t.TempDir()
+	serving := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "n1", ShmDir: dir, PayloadListen: "127.0.0.1:0", NoCache: true})
+	worker := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "n1", ShmDir: dir, NoEvents: true,
+		Advertise: "http://" + serving.PayloadAddr()})
+	if worker.PayloadAddr() != "" {
+		t.Fatalf("the worker serves pulls on %s", worker.PayloadAddr())
+	}
+	remote := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "n2", ShmDir: t.TempDir(), NoEvents: true})
+	data := bytes.Repeat([]byte{7}, 4096)
+	computeOn(t, worker, ref(t, "pulled from serve"), data)
+	pullOn(t, remote, ref(t, "pulled from serve"), data)
+}
+
 func TestShmByDefault(t *testing.T) {
 	srv := startServer(t)
 	n := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "solo", ShmDir: t.TempDir(), NoEvents: true})
@@ -138,7 +203,8 @@ func TestInvalidOptions(t *testing.T) {
 		{"no URL", node.Options{Name: "n"}},
 		{"no name", node.Options{NATSURL: "nats://x"}},
 		{"unknown payload", node.Options{NATSURL: "nats://x", Name: "n", Payload: "carrier-pigeon"}},
-		{"http without listen", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadHTTP}},
+		{"http without listen or advertise", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadHTTP}},
+		{"advertise with shm", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadShm, Advertise: "http://h:1"}},
 		{"listen with shm", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadShm, PayloadListen: ":0"}},
 		{"negative shm budget", node.Options{NATSURL: "nats://x", Name: "n", ShmMaxBytes: -1}},
 		{"reconciler without events", node.Options{NATSURL: "nats://x", Name: "n", Reconciler: true, NoEvents: true}},

@@ -20,7 +20,7 @@ var (
 	ErrInvalidOption = errors.New("node: invalid option")
 	// ErrMooncakeNotBuilt is returned by New for Payload "mooncake" in a
 	// binary built without the mooncake tag (or without cgo).
-	ErrMooncakeNotBuilt = errors.New("node: the mooncake payload transport is not in this binary: build it with cgo and -tags mooncake")
+	ErrMooncakeNotBuilt = errors.New("node: the mooncake payload transport is not in this binary: build it with cgo and -tags mooncake (docs/operations.md, Mooncake)")
 	// ErrNotStarted is returned by Ready before Start has succeeded.
 	ErrNotStarted = errors.New("node: not started")
 	// ErrStarted is returned by a second Start.
@@ -50,13 +50,20 @@ type Options struct {
 
 	// Payload is the transport this node writes with: PayloadShm,
 	// PayloadHTTP or PayloadMooncake. Empty: PayloadHTTP when PayloadListen
-	// is set, else PayloadShm. Values in this node's shm store are read from
-	// it whatever the transport.
+	// or Advertise is set, else PayloadShm. Values in this node's shm store
+	// are read from it whatever the transport, and every node pulls HTTP
+	// Locations. Only HTTP and Mooncake Locations can be read on other
+	// machines.
 	Payload       string
-	PayloadListen string          // PayloadHTTP: the pull server's address
-	Advertise     string          // PayloadHTTP: the base URL others pull from (default http://<listen address>)
-	PayloadToken  string          // PayloadHTTP: the bearer token of pulls, both ways
-	Mooncake      MooncakeOptions // PayloadMooncake: how to reach the store
+	PayloadListen string // PayloadHTTP: the pull server's address
+	// Advertise is the base URL others pull this node's values from
+	// (PayloadHTTP; default http://<listen address>). Without
+	// PayloadListen, another process of the node serves its shm store
+	// there (embcache serve --payload-listen), and this one starts no
+	// server.
+	Advertise    string
+	PayloadToken string          // PayloadHTTP: the bearer token of pulls, both ways
+	Mooncake     MooncakeOptions // PayloadMooncake: how to reach the store
 	// PullToShm makes values pulled from other nodes land in this node's
 	// shm store, verified as they are written, and be read from there
 	// (payload.WithPullToNodeStore): for a node agent, which hands its
@@ -123,15 +130,15 @@ func (o *Options) Validate() error {
 	}
 	if o.Payload == "" {
 		o.Payload = PayloadShm
-		if o.PayloadListen != "" {
+		if o.PayloadListen != "" || o.Advertise != "" {
 			o.Payload = PayloadHTTP
 		}
 	}
 	switch o.Payload {
 	case PayloadShm:
 	case PayloadHTTP:
-		if o.PayloadListen == "" {
-			return fmt.Errorf("%w: payload %s needs a listen address", ErrInvalidOption, o.Payload)
+		if o.PayloadListen == "" && o.Advertise == "" {
+			return fmt.Errorf("%w: payload %s needs a listen address (PayloadListen; --payload-listen), or the URL of this node's pull server (Advertise; --advertise)", ErrInvalidOption, o.Payload)
 		}
 	case PayloadMooncake:
 		if !mooncakeBuilt {
@@ -146,8 +153,8 @@ func (o *Options) Validate() error {
 	if o.Reconciler && o.NoEvents {
 		return fmt.Errorf("%w: a reconciler needs the event stream (NoEvents)", ErrInvalidOption)
 	}
-	if o.PayloadListen != "" && o.Payload != PayloadHTTP {
-		return fmt.Errorf("%w: a payload listen address with payload %s (it serves %s)", ErrInvalidOption, o.Payload, PayloadHTTP)
+	if (o.PayloadListen != "" || o.Advertise != "") && o.Payload != PayloadHTTP {
+		return fmt.Errorf("%w: a payload listen address or advertised URL with payload %s (they are %s's)", ErrInvalidOption, o.Payload, PayloadHTTP)
 	}
 	return nil
 }

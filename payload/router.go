@@ -38,6 +38,12 @@ type streamer interface {
 	Stream(ctx context.Context, loc Location) (io.ReadCloser, error)
 }
 
+// Reader fetches and verifies the value a Location describes (a
+// Transport is one); the caller must Close it.
+type Reader interface {
+	Get(ctx context.Context, loc Location) (*Value, error)
+}
+
 // Router is one node's payload plane: writes go to the transport the node
 // writes with; a read goes to the node's store when the value was written
 // on this node, else to the reader of the transport its Location names.
@@ -45,8 +51,8 @@ type streamer interface {
 type Router struct {
 	node        string
 	writer      Transport
-	readers     map[string]Transport // by transport kind
-	store       NodeStore            // or nil
+	readers     map[string]Reader // by transport kind
+	store       NodeStore         // or nil
 	pullToStore bool
 }
 
@@ -61,7 +67,7 @@ func NewRouter(node, kind string, w Transport, opts ...RouterOption) (*Router, e
 	if node == "" || kind == "" || w == nil {
 		return nil, fmt.Errorf("%w: a router needs a node, a transport kind and a writer", ErrInvalidOption)
 	}
-	r := &Router{node: node, writer: w, readers: map[string]Transport{kind: w}}
+	r := &Router{node: node, writer: w, readers: map[string]Reader{kind: w}}
 	for _, opt := range opts {
 		if err := opt(r); err != nil {
 			return nil, err
@@ -74,7 +80,7 @@ func NewRouter(node, kind string, w Transport, opts ...RouterOption) (*Router, e
 }
 
 // WithReader reads Locations of transport kind with t.
-func WithReader(kind string, t Transport) RouterOption {
+func WithReader(kind string, t Reader) RouterOption {
 	return func(r *Router) error {
 		if kind == "" || t == nil {
 			return fmt.Errorf("%w: a reader needs a transport kind and a transport", ErrInvalidOption)

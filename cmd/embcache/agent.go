@@ -75,6 +75,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 		return err
 	}
 	defer n.Close()
+	printPayloadAddr(stderr, "agent", n)
 	wctx, cancel := context.WithTimeout(ctx, c.waitStore)
 	err = n.Ready(wctx)
 	cancel()

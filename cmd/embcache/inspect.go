@@ -214,7 +214,7 @@ func newStats() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			if b := sum.Bucket; b != nil {
-				fmt.Fprintf(w, "bucket   %s: %d keys, %d bytes, %d replicas\n", b.Name, b.Values, b.Bytes, b.Replicas)
+				fmt.Fprintf(w, "bucket   %s: %d messages (records, tombstones and markers), %d bytes, %d replicas\n", b.Name, b.Values, b.Bytes, b.Replicas)
 			}
 			if e := sum.Events; e != nil {
 				fmt.Fprintf(w, "events   %s: %d messages, %d bytes\n", e.Stream, e.Messages, e.Bytes)

@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/internal/exporter"
 	"github.com/embcache/embcache/node"
+	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
@@ -28,7 +31,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.user, "user", "", "NATS user")
 	fs.StringVar(&f.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
 	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
-	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>)")
+	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>; without --payload-listen, this node's serve --payload-listen URL)")
 	fs.DurationVar(&o.PayloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&o.Strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
 }
@@ -80,6 +83,13 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 		return nil, err
 	}
 	return n, nil
+}
+
+// printPayloadAddr tells w where the node serves pulls, if it does.
+func printPayloadAddr(w io.Writer, command string, n *node.Node) {
+	if addr := n.PayloadAddr(); addr != "" {
+		fmt.Fprintf(w, "embcache %s: payloads at http://%s%s\n", command, addr, httppull.PathPrefix)
+	}
 }
 
 // nodeError makes node.New's errors usage errors: flags that do not go

@@ -11,7 +11,6 @@ import (
 
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/node"
-	"github.com/embcache/embcache/payload/httppull"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -98,9 +97,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	if addr := n.PayloadAddr(); addr != "" {
-		fmt.Fprintf(out, "embcache serve: payloads at http://%s%s\n", addr, httppull.PathPrefix)
-	}
+	printPayloadAddr(out, "serve", n)
 	if !c.noReconciler {
 		fmt.Fprintln(out, "embcache serve: reconciler campaigning")
 	}

@@ -41,6 +41,7 @@ func newWorker() *cobra.Command {
 				return err
 			}
 			defer n.Close()
+			printPayloadAddr(cmd.ErrOrStderr(), "worker", n)
 			w, err := demo.NewWorker(role, n.Name(), n.Cache(), int(embedMB*(1<<20)), time.Duration(encodeMS)*time.Millisecond)
 			if err != nil {
 				return err
