@@ -50,6 +50,7 @@ func newRoot() *cobra.Command {
 	var suites, out string
 	var quick bool
 	var wf workloadFlags
+	var sf scaleFlags
 	cmd := &cobra.Command{
 		Use:   "embcache-bench",
 		Short: "Measure the hot paths against their floors, and the dedup workload against peers, in one run",
@@ -59,7 +60,8 @@ func newRoot() *cobra.Command {
 			"coord (a cluster-wide miss and a waiter's wake vs bare KV CAS and put->watch; R1 and R3,\n" +
 			"SyncAlways on and off), payload (shm and httppull get vs memcpy and bare loopback TCP),\n" +
 			"workload (P processes x C goroutines over Zipf inputs: no cache, in-process only, a Redis\n" +
-			"single-flight, groupcache, embcache R1, R3 and R1 over shm; redis-server must be on PATH).",
+			"single-flight, groupcache, embcache R1, R3 and R1 over shm; redis-server must be on PATH),\n" +
+			"scale (NATS messages per request and per forward of embcache R1 for 2 to 32 processes).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -67,8 +69,8 @@ func newRoot() *cobra.Command {
 			run := map[string]func(bool) ([]benchRow, error){"keys": benchKeys, "local": benchLocal, "coord": benchCoord, "payload": benchPayload}
 			names := strings.Split(suites, ",")
 			for _, s := range names {
-				if _, ok := run[s]; !ok && s != "workload" {
-					return usagef("unknown suite %q (keys, local, coord, payload, workload)", s)
+				if _, ok := run[s]; !ok && s != "workload" && s != "scale" {
+					return usagef("unknown suite %q (keys, local, coord, payload, workload, scale)", s)
 				}
 			}
 			wf, err := wf.validate(quick)
@@ -77,7 +79,14 @@ func newRoot() *cobra.Command {
 			}
 			var rows []benchRow
 			var work []workloadRow
+			var scale []scaleRow
 			for _, s := range names {
+				if s == "scale" {
+					if scale, err = benchScale(cmd.Context(), sf, quick, cmd.ErrOrStderr()); err != nil {
+						return fmt.Errorf("suite scale: %w", err)
+					}
+					continue
+				}
 				if s == "workload" {
 					if work, err = benchWorkload(cmd.Context(), wf, cmd.ErrOrStderr()); err != nil {
 						return fmt.Errorf("suite workload: %w", err)
@@ -104,13 +113,17 @@ func newRoot() *cobra.Command {
 					wf.procs, wf.goroutines, wf.requests, wf.unique, wf.zipf, wf.encodeMS, wf.embedMB)
 				printWorkload(cmd.OutOrStdout(), work)
 			}
+			if len(scale) > 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "\nscale: embcache R1, 2 goroutines a process, 16 KiB values, 1 ms encoder")
+				printScale(cmd.OutOrStdout(), scale)
+			}
 			if out != "" {
 				f, err := os.Create(out)
 				if err != nil {
 					return err
 				}
 				defer f.Close()
-				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows, "workload": work, "workload_config": map[string]any{
+				return writeJSON(f, map[string]any{"machine": benchMachine(), "rows": rows, "workload": work, "scale": scale, "workload_config": map[string]any{
 					"procs": wf.procs, "goroutines": wf.goroutines, "unique": wf.unique, "requests": wf.requests,
 					"zipf": wf.zipf, "encode_ms": wf.encodeMS, "embed_mb": wf.embedMB}})
 			}
@@ -121,6 +134,7 @@ func newRoot() *cobra.Command {
 	cmd.Flags().StringVar(&out, "out", "", "also write the results as JSON to this file")
 	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes and few rounds (a smoke run)")
 	wf.register(cmd.Flags())
+	sf.register(cmd.Flags())
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	cmd.CompletionOptions.DisableDefaultCmd = true
 	cmd.AddCommand(newWorker())

@@ -116,3 +116,29 @@ func degraded(w workloadRow) bool {
 	}
 	return false
 }
+
+func TestScaleQuick(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "scale.json")
+	stdout, stderr, code := run(t, "--suites", "scale", "--quick", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Scale []scaleRow `json:"scale"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Scale) != 2 || !strings.Contains(stdout, "msgs/forward") {
+		t.Fatalf("scale JSON: %v\n%s\n%s", err, raw, stdout)
+	}
+	for _, row := range r.Scale {
+		if row.Errors != 0 || row.Forwards < 40 || row.MsgsPerRequest <= 0 || row.MsgsPerForward <= row.MsgsPerRequest {
+			t.Fatalf("row %+v", row)
+		}
+	}
+	if _, _, code := run(t, "--suites", "scale", "--scale-procs", "2,zero"); code != 2 {
+		t.Fatalf("bad --scale-procs: exit %d", code)
+	}
+}
