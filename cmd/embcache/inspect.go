@@ -74,6 +74,7 @@ func newLeases() *cobra.Command {
 
 func newLeasesLs(cf *connFlags) *cobra.Command {
 	var tenant string
+	var limit int
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List lease and record keys (<tenant>.<keyhex>; invalidation tombstones <tenant>.inv.<keyhex>)",
@@ -91,17 +92,21 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 				return err
 			}
 			defer closeConn()
-			keys, err := inspect.Keys(ctx, kv, tenant)
+			keys, total, err := inspect.Keys(ctx, kv, tenant, limit)
 			if err != nil {
 				return err
 			}
 			for _, k := range keys {
 				fmt.Fprintln(cmd.OutOrStdout(), k)
 			}
+			if total > len(keys) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "(the first %d of %d keys; --limit 0 lists them all)\n", len(keys), total)
+			}
 			return nil
 		},
 	}
 	ls.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
+	ls.Flags().IntVar(&limit, "limit", 1000, "list the first this many keys in order (0: all); the count goes to stderr")
 	return ls
 }
 

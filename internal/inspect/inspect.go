@@ -27,22 +27,32 @@ func Bucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, er
 	return kv, nil
 }
 
-// Keys lists the bucket's keys, of one tenant if tenant is not "", sorted.
-func Keys(ctx context.Context, kv jetstream.KeyValue, tenant string) ([]string, error) {
+// Keys returns the first limit of the bucket's keys in sorted order (of
+// one tenant if tenant is not ""; every key if limit is 0) and how many
+// there are: it holds at most 2 x limit keys at a time, whatever the
+// bucket's size.
+func Keys(ctx context.Context, kv jetstream.KeyValue, tenant string, limit int) (keys []string, total int, err error) {
 	filter := ">"
 	if tenant != "" {
 		filter = tenant + ".>"
 	}
 	lister, err := kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var keys []string
 	for k := range lister.Keys() {
+		total++
 		keys = append(keys, k)
+		if limit > 0 && len(keys) >= 2*limit {
+			slices.Sort(keys)
+			keys = keys[:limit]
+		}
 	}
 	slices.Sort(keys)
-	return keys, nil
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
+	}
+	return keys, total, nil
 }
 
 // Record returns the value under key as it is stored, and its revision;

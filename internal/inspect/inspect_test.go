@@ -39,11 +39,14 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if keys, err := inspect.Keys(ctx, kv, ""); err != nil || !slices.Equal(keys, []string{"acme.1", "acme.9", "beta.2"}) {
-		t.Fatalf("keys %v %v", keys, err)
+	if keys, n, err := inspect.Keys(ctx, kv, "", 0); err != nil || n != 3 || !slices.Equal(keys, []string{"acme.1", "acme.9", "beta.2"}) {
+		t.Fatalf("keys %v %d %v", keys, n, err)
 	}
-	if keys, err := inspect.Keys(ctx, kv, "acme"); err != nil || !slices.Equal(keys, []string{"acme.1", "acme.9"}) {
-		t.Fatalf("acme's keys %v %v", keys, err)
+	if keys, n, err := inspect.Keys(ctx, kv, "acme", 0); err != nil || n != 2 || !slices.Equal(keys, []string{"acme.1", "acme.9"}) {
+		t.Fatalf("acme's keys %v %d %v", keys, n, err)
+	}
+	if keys, n, err := inspect.Keys(ctx, kv, "", 1); err != nil || n != 3 || !slices.Equal(keys, []string{"acme.1"}) {
+		t.Fatalf("the first key %v of %d: %v", keys, n, err)
 	}
 	if v, rev, err := inspect.Record(ctx, kv, "beta.2"); err != nil || string(v) != "{}" || rev != 1 {
 		t.Fatalf("record %q at %d: %v", v, rev, err)
