@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -105,8 +103,8 @@ func TestEveryProcessCountsJunk(t *testing.T) {
 	waitScrape(t, "worker", workerMetrics, want)
 	waitScrape(t, "agent", agentMetrics, want)
 
-	var ws demo.WorkerStats
-	if err := getJSON(ctx, scraper, "http://"+workerAddr+"/v1/stats", &ws); err != nil {
+	ws, err := demo.FetchStats(ctx, scraper, "http://"+workerAddr)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if ws.Cache.EventsBad < 4 || ws.Cache.EventsDecoded < 1 || ws.Cache.BadRecordsWatched < 3 {
@@ -220,21 +218,4 @@ func sample(body, want string) float64 {
 		return -1
 	}
 	return total
-}
-
-// getJSON decodes what url answers 200 with into v.
-func getJSON(ctx context.Context, c *http.Client, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }

@@ -10,7 +10,6 @@ import (
 	"syscall"
 
 	"github.com/embcache/embcache/embedded"
-	"github.com/embcache/embcache/node"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -78,7 +77,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		// before a server starts; its URL is known once it listens.
 		probe := c.nf.o
 		probe.NATSURL = "nats://embedded"
-		if _, err := node.New(probe); err != nil {
+		if err := probe.Validate(); err != nil {
 			return nodeError(err)
 		}
 		srv, err := c.startNATS()

@@ -47,6 +47,7 @@ type LoadReport struct {
 // the workers' own forward counts.
 func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, error) {
 	client := &http.Client{Timeout: 30 * time.Second}
+	defer client.CloseIdleConnections() // no keep-alive outlives the load
 	r := &LoadReport{Requests: c.Requests, UniqueInputs: c.Unique, Paths: map[string]int{}}
 	var mu sync.Mutex
 	start := time.Now()
@@ -79,8 +80,8 @@ func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, e
 	}
 	r.Seconds = time.Since(start).Seconds()
 	for _, base := range append([]string{c.Encoder}, c.Prefills...) {
-		var s WorkerStats
-		if err := getJSON(ctx, client, base+"/v1/stats", &s); err != nil {
+		s, err := FetchStats(ctx, client, base)
+		if err != nil {
 			return nil, err
 		}
 		r.EncoderForwards += s.Forwards
@@ -117,18 +118,21 @@ func post(ctx context.Context, c *http.Client, base string, r Request) (Result, 
 	return res, nil
 }
 
-func getJSON(ctx context.Context, c *http.Client, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// FetchStats asks the worker serving HTTP at base (http://host:port) for
+// its counters (GET /v1/stats).
+func FetchStats(ctx context.Context, c *http.Client, base string) (WorkerStats, error) {
+	var s WorkerStats
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/stats", nil)
 	if err != nil {
-		return err
+		return s, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return err
+		return s, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
+		return s, fmt.Errorf("%s: %s", base, resp.Status)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
