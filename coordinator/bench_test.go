@@ -209,7 +209,7 @@ func BenchmarkRemoteHitTombstoneCheck(b *testing.B) {
 	if _, err := c.GetOrCompute(ctx, "w", r, func(context.Context) (*payload.Value, error) { return embedding(1), nil }); err != nil {
 		b.Fatal(err)
 	}
-	ls, _ := c.handles()
+	ls := c.bucket()
 	var ours, base []time.Duration
 	for b.Loop() {
 		t0 := time.Now()

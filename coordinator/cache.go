@@ -77,7 +77,6 @@ type Cache struct {
 
 	mu     sync.Mutex
 	b      *lease.Bucket             // nil until the bucket is reachable; guarded by mu
-	watch  *lease.Watch              // guarded by mu
 	leases map[*lease.Lease]struct{} // live leases; guarded by mu
 	events *eventLink                // nil unless WithEvents and the stream is reachable; guarded by mu
 	closed bool                      // guarded by mu
@@ -174,7 +173,7 @@ func serverNames(nc *nats.Conn) string {
 	return strings.Join(nc.Servers(), ",")
 }
 
-// connectStore binds (or creates) the bucket and starts the watcher.
+// connectStore binds (or creates) the bucket and starts the event link.
 func (c *Cache) connectStore(ctx context.Context) error {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
@@ -183,17 +182,12 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w, err := lease.StartWatch(b, c.s.tenants, lease.WatchHooks{Bad: c.badRecordWatched, Changed: c.recordChanged})
-	if err != nil {
-		return err
-	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		w.Close()
 		return ErrClosed
 	}
-	c.b, c.watch = b, w
+	c.b = b
 	c.mu.Unlock()
 	if c.s.events {
 		if err := c.startEvents(context.Background()); err != nil {
@@ -231,10 +225,11 @@ func (c *Cache) reconnectLoop() {
 	})
 }
 
-func (c *Cache) handles() (*lease.Bucket, *lease.Watch) {
+// bucket is the bucket, or nil while it cannot be reached.
+func (c *Cache) bucket() *lease.Bucket {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.b, c.watch
+	return c.b
 }
 
 // opContext bounds one store operation by the op timeout.
@@ -308,17 +303,23 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // resolve finds ref's value in the cluster or computes it; it runs once
 // per process per key (inside the local cache's flight).
 func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
-	b, watch := c.handles()
+	b := c.bucket()
 	if b == nil {
 		return c.degraded(ctx, ref, fn, ErrStoreUnavailable)
 	}
 	key := ref.KVKey()
 	waited := false
-	var seen *lease.Entry // a change the watcher delivered: no need to read again
 	for attempt := 0; ; attempt++ {
-		wake, unsubscribe := watch.Subscribe(key) // before the read: no change slips between
-		cur, err := c.readOrSeen(ctx, b, key, seen)
-		seen = nil
+		// Before the read, so that no change slips between the read and
+		// the wait. Without hints (a subscription refused) the poll alone
+		// wakes the waiter.
+		wake, unsubscribe, herr := b.Hints(key, c.badRecordWatched)
+		if herr != nil {
+			c.s.logger.Debug("embcache: no hints for a key, polling", "key", key, "err", herr)
+		}
+		octx, cancel := c.opContext(ctx)
+		cur, err := b.Read(octx, key)
+		cancel()
 		if errors.Is(err, ErrBadRecord) {
 			c.badRecord(err)
 			if c.purgeUnreadable(ctx, b, key, cur, err) {
@@ -401,7 +402,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 			t := time.NewTimer(c.s.pollInterval)
 			select {
-			case seen = <-wake:
+			case <-wake:
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
@@ -483,17 +484,6 @@ func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string
 	return err == nil || errors.Is(err, ErrLeaseLost)
 }
 
-// readOrSeen returns the state the watcher delivered, if it is a committed
-// record (the watcher reads from the stream leader), else reads the key.
-func (c *Cache) readOrSeen(ctx context.Context, b *lease.Bucket, key string, seen *lease.Entry) (lease.Entry, error) {
-	if seen != nil && seen.Live && seen.Record.State == lease.StateCommitted {
-		return *seen, nil
-	}
-	octx, cancel := c.opContext(ctx)
-	defer cancel()
-	return b.Read(octx, key)
-}
-
 // computeUnder runs fn under lease and commits what it returns. A failed
 // fn abandons the key; a failed commit still returns the (correct) value.
 func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc) (v *payload.Value, _ Path, err error) {
@@ -527,7 +517,7 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After
 	// published, so that an event arriving from now on finds the copy.
-	if b, _ := c.handles(); b != nil {
+	if b := c.bucket(); b != nil {
 		if stale, err := c.invalidatedRecord(ctx, b, r.ref.Tenant, rec); err == nil && stale {
 			c.dropInvalidated(ctx, b, r.ref, lease.Entry{Rev: r.Revision()})
 			obj := r.ref.Object()
@@ -564,7 +554,7 @@ func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
 	if err := c.validate(ref); err != nil {
 		return nil, err
 	}
-	b, _ := c.handles()
+	b := c.bucket()
 	if b == nil {
 		return nil, ErrStoreUnavailable
 	}
@@ -630,8 +620,9 @@ func (c *Cache) Release(req string) int { return c.local.Release(req) }
 // Requests that hold the copy keep it until they release it.
 func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.Object()) }
 
-// Close stops the watcher, the background reconnects and the heartbeats of
-// leases still held (they expire on the server). The connection stays open.
+// Close stops the event link, the background reconnects and the heartbeats
+// of leases still held (they expire on the server). The connection stays
+// open.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -640,7 +631,6 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	close(c.done)
-	watch := c.watch
 	leases := make([]*lease.Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)
@@ -649,9 +639,6 @@ func (c *Cache) Close() error {
 	c.bg.Wait()
 	for _, l := range leases {
 		l.Stop()
-	}
-	if watch != nil {
-		watch.Close()
 	}
 	for _, r := range c.tel.registrations {
 		r.Unregister()
@@ -673,7 +660,7 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint
 		return fmt.Errorf("%w: %q", ErrTenant, tenant)
 	}
 	l := c.eventLink()
-	b, _ := c.handles()
+	b := c.bucket()
 	if l == nil || b == nil {
 		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
 	}

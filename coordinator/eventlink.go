@@ -11,18 +11,21 @@ import (
 )
 
 // eventLink connects a Cache to the event stream: it publishes what this
-// process does and applies what the others say.
+// process does and applies what concerns it: invalidations, and the
+// evictions of values its node wrote (notices). It hears nothing of the
+// other keys, so its traffic does not grow with the cluster.
 type eventLink struct {
 	c        *Cache
 	pub      *events.Publisher
 	sub      *events.Subscription
+	notices  *events.NoticeSubscription
 	interval time.Duration
 
 	mu   sync.Mutex
 	meta map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
 
-	stop    chan struct{} // closed by close: ends flushTouches
-	flushed chan struct{} // closed when flushTouches has returned
+	stop    chan struct{} // closed by close: ends tick
+	flushed chan struct{} // closed when tick has returned
 }
 
 // valueMeta is what a touched event needs about a local value.
@@ -33,6 +36,8 @@ type valueMeta struct {
 	lastTouch time.Time // when the last touched event was sent
 	lastUse   time.Time // the last hit; after lastTouch: a touch is owed
 	rev       uint64    // the revision of the record the copy came from (0: none)
+	expires   time.Time // the copy's expiry: its record's, as last read
+	hit       bool      // a local hit since the copy was made or its record last read
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
@@ -45,32 +50,34 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
 		meta: make(map[payload.ObjectID]*valueMeta), stop: make(chan struct{}), flushed: make(chan struct{})}
-	opts := events.SubscribeOptions{
-		Kinds:  []events.Kind{events.KindEvicted, events.KindInvalidated}, // touches are the reconciler's
-		New:    true,
-		Logger: c.s.logger,
-		OnBad: func(r events.BadReason) {
-			c.stats.eventsBad.Add(1)
-			c.tel.EventBad(r)
-		},
+	onBad := func(r events.BadReason) {
+		c.stats.eventsBad.Add(1)
+		c.tel.EventBad(r)
 	}
-	if len(c.s.tenants) > 0 {
-		// One filter per tenant, all kinds: a consumer whose filter is in its
-		// create subject, which per-tenant permissions can allow (apply
-		// ignores the kinds it does not follow).
-		opts.Tenants, opts.Kinds = c.s.tenants, nil
-	}
-	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) {
+	handle := func(e events.Event) {
 		c.stats.eventsDecoded.Add(1)
 		c.tel.EventDecoded(e.Kind)
 		l.apply(e)
-	})
+	}
+	// Invalidations reach everyone (one per weight update, not per value);
+	// touches are the reconciler's; an eviction reaches the writer's node
+	// alone, as a notice. Per tenant, the filter is in the consumer's
+	// create subject, which per-tenant permissions can allow.
+	opts := events.SubscribeOptions{Tenants: c.s.tenants, Kinds: []events.Kind{events.KindInvalidated},
+		New: true, Logger: c.s.logger, OnBad: onBad}
+	sub, err := events.Subscribe(ctx, c.js, opts, handle)
 	if err != nil {
 		l.pub.Close(ctx)
 		return err
 	}
-	l.sub = sub
-	go l.flushTouches()
+	notices, err := events.SubscribeNotices(c.nc, c.s.node, c.s.tenants, handle, onBad)
+	if err != nil {
+		sub.Stop()
+		l.pub.Close(ctx)
+		return err
+	}
+	l.sub, l.notices = sub, notices
+	go l.tick()
 	c.mu.Lock()
 	c.events = l
 	c.mu.Unlock()
@@ -91,7 +98,9 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 // published records a value this process committed, and announces it.
 func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, rev uint64) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), rev: rev}
+	now := time.Now()
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: now, rev: rev,
+		expires: expires}
 	l.mu.Unlock()
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
@@ -99,21 +108,21 @@ func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, 
 }
 
 // noteAt records a value this process pulled from loc, named by the
-// record at rev: an invalidation of its model and epoch finds it, and its
-// hits are touches.
-func (l *eventLink) noteAt(ref Ref, loc payload.Location, rev uint64) {
+// record at rev that expires at expires: an invalidation of its model and
+// epoch finds it, and its hits are touches.
+func (l *eventLink) noteAt(ref Ref, loc payload.Location, rev uint64, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, rev: rev}
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, rev: rev, expires: expires}
 	l.mu.Unlock()
 }
 
-// newerCopy reports whether this process's copy of obj came from a record
-// later than rev: a removal at rev is not its record's.
-func (l *eventLink) newerCopy(obj payload.ObjectID, rev uint64) bool {
+// holds reports whether this process's copy of obj is of the bytes whose
+// checksum is sum (a copy computed again with other bytes is not).
+func (l *eventLink) holds(obj payload.ObjectID, sum payload.Checksum) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m := l.meta[obj]
-	return m != nil && m.rev > rev
+	return m != nil && m.loc.Transport != "" && m.loc.Checksum == sum
 }
 
 // note records a value this process holds with no record (computed
@@ -127,10 +136,12 @@ func (l *eventLink) note(ref Ref) {
 
 // touched announces a hit, at most once per key per interval: the
 // reconciler extends the store TTL. A hit inside the interval is owed a
-// touch, which flushTouches sends at the interval's end with that hit's
+// touch, which tick sends at the interval's end with that hit's
 // expiry: an unused value goes one store TTL after its last use, not
 // after its last touch.
-func (l *eventLink) touched(obj payload.ObjectID) {
+// A local hit (hit) also marks the copy in use, so it follows its record
+// past its expiry; a pull alone does not.
+func (l *eventLink) touched(obj payload.ObjectID, hit bool) {
 	now := time.Now()
 	l.mu.Lock()
 	m := l.meta[obj]
@@ -139,6 +150,7 @@ func (l *eventLink) touched(obj payload.ObjectID) {
 		return
 	}
 	m.lastUse = now
+	m.hit = m.hit || hit
 	if now.Sub(m.lastTouch) < l.interval {
 		l.mu.Unlock()
 		return
@@ -162,11 +174,14 @@ func (l *eventLink) publishTouch(e *events.Event) {
 	l.pub.Publish(e)
 }
 
-// flushTouches sends the touches owed: of values hit since their last
-// touched event, whose interval has passed. It looks four times per
-// interval, so a touch owed goes out at most a quarter interval late (the
-// interval is at most a quarter of the store TTL: the record still lives).
-func (l *eventLink) flushTouches() {
+// tick looks four times per interval for the touches owed and the copies
+// to refresh. A touch owed (a value hit since its last touched event,
+// whose interval has passed) goes out at most a quarter interval late;
+// the interval is at most a quarter of the store TTL, so its record still
+// lives. A copy in use whose expiry is less than an interval away has its
+// record read (refreshCopy), once per expiry; copies past their expiry
+// leave the local cache.
+func (l *eventLink) tick() {
 	defer close(l.flushed)
 	t := time.NewTicker(max(l.interval/4, 10*time.Millisecond))
 	defer t.Stop()
@@ -178,18 +193,45 @@ func (l *eventLink) flushTouches() {
 		}
 		now := time.Now()
 		var owed []*events.Event
+		var due []copyDue
+		expired := false
 		l.mu.Lock()
 		for obj, m := range l.meta {
+			expired = expired || (!m.expires.IsZero() && now.After(m.expires))
 			if m.lastUse.After(m.lastTouch) && now.Sub(m.lastTouch) >= l.interval {
 				m.lastTouch = now
 				owed = append(owed, l.touchLocked(obj, m, m.lastUse))
 			}
+			if m.loc.Transport != "" && !m.expires.IsZero() && m.expires.Sub(now) < l.interval && m.hit {
+				m.hit = false
+				due = append(due, copyDue{obj: obj, checksum: m.loc.Checksum, expires: m.expires})
+			}
 		}
 		l.mu.Unlock()
+		if expired {
+			l.c.local.Sweep() // out of the index, not only expired
+		}
 		for _, e := range owed {
 			l.publishTouch(e)
 		}
+		for _, d := range due {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			l.c.refreshCopy(d)
+		}
 	}
+}
+
+// extended records that obj's copy now expires at expires.
+func (l *eventLink) extended(obj payload.ObjectID, expires time.Time) {
+	l.mu.Lock()
+	if m := l.meta[obj]; m != nil && expires.After(m.expires) {
+		m.expires = expires
+	}
+	l.mu.Unlock()
 }
 
 func (l *eventLink) abandoned(ref Ref, cause error) {
@@ -205,24 +247,32 @@ func (l *eventLink) forget(obj payload.ObjectID) {
 	l.mu.Unlock()
 }
 
-// apply follows the others: an eviction or invalidation drops local
-// copies (pinned ones stay with their holders until released) and the
-// payloads this node wrote. A touch says nothing to a local copy: it
-// follows its record's expiry (recordChanged), which only the reconciler
-// extends.
+// apply follows the others: an eviction (a notice: this node wrote the
+// value) or an invalidation drops local copies (pinned ones stay with
+// their holders until released), and an eviction the payload this node
+// wrote. A touch says nothing to a local copy: it follows its record's
+// expiry (refreshCopy), which only the reconciler extends.
 func (l *eventLink) apply(e events.Event) {
 	c := l.c
 	switch e.Kind {
 	case events.KindEvicted:
 		obj := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
-		cause := localcache.CauseStore
-		if e.Cause == events.CauseInvalidated {
-			cause = localcache.CauseInvalidated
+		if e.Location == nil || c.recordMayName(obj, e.Location.Checksum) {
+			// Computed and committed again since (an expired value is
+			// recomputed under the same name): the copy and the file are
+			// the new record's.
+			return
 		}
-		c.local.Evict(obj, cause)
+		if l.holds(obj, e.Location.Checksum) {
+			cause := localcache.CauseStore
+			if e.Cause == events.CauseInvalidated {
+				cause = localcache.CauseInvalidated
+			}
+			c.local.Evict(obj, cause)
+		}
 		// A payload found corrupt is its reader's to remove (its store
 		// did); a recompute may have put the value back under its name.
-		if e.Location != nil && e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt {
+		if e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt {
 			ctx, cancel := c.opContext(context.Background())
 			c.router.Writer().Delete(ctx, *e.Location)
 			cancel()
@@ -247,6 +297,7 @@ func (l *eventLink) apply(e events.Event) {
 func (l *eventLink) close(ctx context.Context) {
 	close(l.stop)
 	<-l.flushed
+	l.notices.Stop()
 	l.sub.Stop()
 	l.pub.Close(ctx)
 }

@@ -37,7 +37,7 @@ func eventCache(t *testing.T, url string, store payload.Transport, opts ...Optio
 
 func readRecord(t *testing.T, c *Cache, r Ref) lease.Entry {
 	t.Helper()
-	ls, _ := c.handles()
+	ls := c.bucket()
 	cur, err := ls.Read(context.Background(), r.KVKey())
 	if err != nil {
 		t.Fatal(err)
@@ -92,13 +92,21 @@ func TestTouchesKeepStoreRecordAlive(t *testing.T) {
 	}
 }
 
-// TestEvictionDropsUnpinnedCopies: an evicted event makes every worker drop
-// its copy; a pinned copy stays with its holder until released.
+// TestEvictionDropsUnpinnedCopies: an eviction notice to the node that
+// wrote a value makes that node's workers drop their copies (a pinned copy
+// stays with its holder until released), once the record is gone; a
+// notice while the record still names the bytes (committed again since)
+// changes nothing, and a worker of another node hears none.
 func TestEvictionDropsUnpinnedCopies(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
 	a := eventCache(t, srv.ClientURL(), store)
 	b := eventCache(t, srv.ClientURL(), store)
+	r, err := payload.NewRouter("other-node", payload.TransportMemory, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := eventCache(t, srv.ClientURL(), store, WithNode("other-node"), WithPayload(r))
 	ctx := context.Background()
 	var cnt counter
 	a.GetOrCompute(ctx, "a", ref(2), cnt.fn(2))
@@ -107,12 +115,29 @@ func TestEvictionDropsUnpinnedCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, _ := jetstream.New(connect(t, srv.ClientURL()))
-	pub := events.NewPublisher(js, 1, 8, nil)
-	defer pub.Close(ctx)
-	err = pub.PublishSync(ctx, &events.Event{Kind: events.KindEvicted, Tenant: "acme",
-		Key: ref(2).Key, Cause: events.CauseExplicit, Time: time.Now()})
-	if err != nil {
+	if _, err = elsewhere.GetOrCompute(ctx, "e", ref(2), cnt.fn(2)); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere.Release("e")
+	cur := readRecord(t, a, ref(2))
+	nc := connect(t, srv.ClientURL())
+	notice := &events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: ref(2).Key,
+		Cause: events.CauseExplicit, Time: time.Now(), Location: cur.Record.Location}
+	// The record still names the bytes: not its record's eviction.
+	if err := events.Notify(nc, notice); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return a.Stats().EventsDecoded >= 1 && b.Stats().EventsDecoded >= 1 })
+	if a.Stats().Local.Entries != 1 || b.Stats().Local.Entries != 1 {
+		t.Fatal("an eviction of a live record dropped copies")
+	}
+	if err := a.bucket().Purge(ctx, ref(2).KVKey(), cur.Rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Notify(nc, notice); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return a.Stats().Local.Entries == 0 && b.Stats().Local.Entries == 0 })
@@ -123,6 +148,9 @@ func TestEvictionDropsUnpinnedCopies(t *testing.T) {
 	b.Release("holder")
 	if b.Stats().Local.Bytes != 0 {
 		t.Fatal("the pinned copy stayed after its release")
+	}
+	if s := elsewhere.Stats(); s.EventsDecoded != 0 || s.Local.Entries != 1 {
+		t.Fatalf("another node's worker heard the notice: %+v", s)
 	}
 }
 
@@ -271,7 +299,7 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, garbage := range [][]byte{{0xc1}, []byte("{not msgpack"), {0x81, 0xa1, 'v', 0x07}, valid[:len(valid)/2]} {
-		if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+ref(1).Key.String(), garbage); err != nil {
+		if _, err := js.Publish(ctx, "embcache.ev.acme.invalidated."+ref(1).Key.String(), garbage); err != nil {
 			t.Fatal(err)
 		}
 	}

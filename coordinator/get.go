@@ -27,7 +27,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 		return v, PathLocalHit, nil
 	}
 	obj := ref.Object()
-	b, _ := c.handles()
+	b := c.bucket()
 	if b == nil {
 		return nil, 0, ErrStoreUnavailable
 	}
@@ -73,7 +73,7 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 		c.obs.pullFailed(ref, *rec.Location, err)
 		return nil, err
 	}
-	c.obs.fetched(ref, *rec.Location, cur.Rev)
+	c.obs.fetched(ref, *rec.Location, cur.Rev, rec.Expires)
 	stale, err := c.invalidatedRecord(ctx, b, ref.Tenant, rec)
 	if err != nil || stale {
 		v.Close()

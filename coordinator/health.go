@@ -9,7 +9,7 @@ import (
 // up. The bucket stays open across reconnects, so the first alone would
 // say yes while the server is gone.
 func (c *Cache) storeReachable() bool {
-	b, _ := c.handles()
+	b := c.bucket()
 	return b != nil && c.nc.IsConnected()
 }
 

@@ -107,7 +107,7 @@ func (lt *leaseTest) onNext(op string, h func(error) error) {
 
 func (lt *leaseTest) read(t *testing.T, key string) lease.Entry {
 	t.Helper()
-	ls, _ := lt.c.handles()
+	ls := lt.c.bucket()
 	cur, err := ls.Read(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestUnreadableRecordIsPurged(t *testing.T) {
 // putRecord writes b under key as a foreign process would: no TTL.
 func putRecord(t *testing.T, c *Cache, key string, b []byte) {
 	t.Helper()
-	ls, _ := c.handles()
+	ls := c.bucket()
 	if _, err := ls.KV().Put(context.Background(), key, b); err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,9 @@
 package coordinator
 
 import (
-	"strings"
+	"context"
 	"time"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
@@ -23,25 +22,52 @@ func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time,
 	return t.(time.Time), true
 }
 
-// recordChanged follows the bucket for the local copies: a record
-// extended extends its copy; a record gone (expired, purged, deleted)
-// takes its copy with it, unless the copy came from a later record (the
-// watcher reports a purge this process made before it computed the key
-// again).
-func (c *Cache) recordChanged(key string, rev uint64, st *lease.Entry) {
-	tenant, hexKey, ok := strings.Cut(key, ".")
-	k, err := cachekey.Parse(hexKey)
-	if !ok || err != nil {
-		return // not a value's key (a tombstone, the reconciler's)
+// copyDue is a local copy whose expiry is near: its record is read again.
+type copyDue struct {
+	obj      payload.ObjectID
+	checksum payload.Checksum // of the value the copy holds
+	expires  time.Time        // the copy's expiry
+}
+
+// refreshCopy reads the record of a copy in use before the copy expires:
+// a record extended (by the reconciler, applying touches) extends the
+// copy to the record's new expiry; a record gone, or naming other bytes,
+// takes the copy with it. A read that fails changes nothing: the copy
+// ends at its own expiry, which is at most its record's. So a copy never
+// outlives its record, and this process hears of a record only when one
+// of its copies is about to end (docs/protocol.md 4.3).
+func (c *Cache) refreshCopy(d copyDue) {
+	b := c.bucket()
+	if b == nil {
+		return
 	}
-	obj := payload.ObjectID{Tenant: tenant, Key: k}
+	ctx, cancel := c.opContext(context.Background())
+	cur, err := b.Read(ctx, d.obj.Tenant+"."+d.obj.Key.String())
+	cancel()
 	switch {
-	case st == nil:
-		if l := c.eventLink(); l != nil && l.newerCopy(obj, rev) {
-			return
+	case err != nil:
+	case !cur.Live || cur.Record.State != lease.StateCommitted || cur.Record.Checksum != d.checksum.String():
+		c.local.Evict(d.obj, localcache.CauseStore)
+	case cur.Record.Expires.After(d.expires):
+		if c.local.Touch(d.obj, cur.Record.Expires) {
+			if l := c.eventLink(); l != nil {
+				l.extended(d.obj, cur.Record.Expires)
+			}
 		}
-		c.local.Evict(obj, localcache.CauseStore)
-	case st.Record.State == lease.StateCommitted:
-		c.local.Touch(obj, st.Record.Expires)
 	}
+}
+
+// recordMayName reports whether obj's record may still name the bytes
+// whose checksum is sum: false only when a read from the stream leader
+// shows no committed record of them (an eviction announced after the
+// value was committed again under the same name is not its record's).
+func (c *Cache) recordMayName(obj payload.ObjectID, sum payload.Checksum) bool {
+	b := c.bucket()
+	if b == nil {
+		return true
+	}
+	ctx, cancel := c.opContext(context.Background())
+	defer cancel()
+	cur, err := b.Read(ctx, obj.Tenant+"."+obj.Key.String())
+	return err != nil || (cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == sum.String())
 }

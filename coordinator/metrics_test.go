@@ -85,8 +85,10 @@ func (m meter) waitCounts(t *testing.T, who string, want map[string]int64) {
 
 // TestJunkIsCounted publishes events and writes lease records that do not
 // decode, one per reason: a worker's Cache and the active Reconciler each
-// count every one by its reason (and the Cache in Stats), while the good
-// event among them is counted as decoded. A pull of a payload that is gone
+// count every event by its reason (and the Cache in Stats), while the good
+// event among them is counted as decoded; the reconciler, which watches the
+// bucket, counts every record (a worker hears only of keys it waits on); a
+// notice that does not decode is counted too. A pull of a payload that is gone
 // is a pull error by reason; an invalidation moves the reconciler's
 // actions as its Stats count them.
 func TestJunkIsCounted(t *testing.T) {
@@ -108,16 +110,18 @@ func TestJunkIsCounted(t *testing.T) {
 	}
 	for reason, body := range junkEvents {
 		// The stream keeps one event per subject: each its own key.
-		if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+ref(100+int(reason)).Key.String(), body); err != nil {
+		// Invalidations: what every worker follows.
+		if _, err := js.Publish(ctx, "embcache.ev.acme.invalidated."+ref(100+int(reason)).Key.String(), body); err != nil {
 			t.Fatal(err)
 		}
 	}
-	good, err := events.Encode(&events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: ref(99).Key,
-		Cause: events.CauseExplicit, Time: time.Now()})
+	goodEvent := &events.Event{Kind: events.KindInvalidated, Tenant: "acme", Key: events.InvalidationKey("other", 1),
+		Model: "other", Epoch: 1, Time: time.Now()}
+	good, err := events.Encode(goodEvent)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "embcache.ev.acme.evicted."+ref(99).Key.String(), good); err != nil {
+	if _, err := js.Publish(ctx, goodEvent.Subject(), good); err != nil {
 		t.Fatal(err)
 	}
 
@@ -136,18 +140,23 @@ func TestJunkIsCounted(t *testing.T) {
 		}
 	}
 
-	want := map[string]int64{"embcache.events.decoded{kind=evicted}": 1}
+	want := map[string]int64{"embcache.events.decoded{kind=invalidated}": 1}
 	for r := range junkEvents {
 		want["embcache.events.bad{reason="+r.String()+"}"] = 1
 	}
+	mc.waitCounts(t, "cache", want)
 	for r := range junkRecords {
 		want["embcache.records.bad{op=watch,reason="+r.String()+"}"] = 1
 	}
-	mc.waitCounts(t, "cache", want)
 	mr.waitCounts(t, "reconciler", want)
-	if s := c.Stats(); s.EventsBad != 4 || s.EventsDecoded != 1 || s.BadRecordsWatched != 3 || s.BadRecords != 0 {
+	if s := c.Stats(); s.EventsBad != 4 || s.EventsDecoded != 1 || s.BadRecordsWatched != 0 || s.BadRecords != 0 {
 		t.Fatalf("cache stats %+v", s)
 	}
+	// A notice to this node that is no event.
+	if err := js.Conn().Publish(events.NoticeSubject("acme", "test-node"), []byte("not a notice")); err != nil {
+		t.Fatal(err)
+	}
+	mc.waitCounts(t, "cache", map[string]int64{"embcache.events.bad{reason=malformed}": 2})
 
 	// A read of a junk record is counted as a read, with its reason.
 	var cnt counter

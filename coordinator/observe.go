@@ -23,7 +23,7 @@ type observations struct {
 func (o observations) localHit(obj payload.ObjectID) {
 	o.c.stats.localHits.Add(1)
 	if l := o.c.eventLink(); l != nil {
-		l.touched(obj)
+		l.touched(obj, true)
 	}
 }
 
@@ -108,11 +108,12 @@ func (o observations) unshared(ref Ref) {
 // degraded: a request computed without the store.
 func (o observations) degraded() { o.c.stats.degraded.Add(1) }
 
-// fetched: a committed value of ref arrived at rev from loc; whether it
-// may be served is decided next (its tombstone).
-func (o observations) fetched(ref Ref, loc payload.Location, rev uint64) {
+// fetched: a committed value of ref arrived at rev from loc, its record
+// expiring at expires; whether it may be served is decided next (its
+// tombstone).
+func (o observations) fetched(ref Ref, loc payload.Location, rev uint64, expires time.Time) {
 	if l := o.c.eventLink(); l != nil {
-		l.noteAt(ref, loc, rev)
+		l.noteAt(ref, loc, rev, expires)
 	}
 }
 
@@ -123,7 +124,7 @@ func (o observations) pulled(ctx context.Context, ref Ref, loc payload.Location,
 	o.c.tel.pullBytes.Add(ctx, loc.Size)
 	o.c.tel.pullTime.Record(ctx, took.Seconds())
 	if l := o.c.eventLink(); l != nil {
-		l.touched(ref.Object())
+		l.touched(ref.Object(), false)
 	}
 }
 

@@ -41,7 +41,7 @@ func (c *Cache) sweepLoop(every time.Duration) {
 // a node may sweep the same directory: a removal is checked against the
 // file's checksum, so it never takes a file put in place since.
 func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
-	b, _ := c.handles()
+	b := c.bucket()
 	if b == nil {
 		return 0
 	}

@@ -56,6 +56,7 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 	if !b.local.Contains(target.Object()) || b.Stats().RemoteHits != 2 {
 		t.Fatalf("b did not pull: %+v", b.Stats())
 	}
+	oldLoc := *readRecord(t, a, target).Record.Location
 	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -77,17 +78,20 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 	}
 	sameValue(t, v, 9)
 	d.Release("r")
-	// The watcher may report the purge d made before computing after d's
-	// copy is in: the copy came from a later record, and stays. A removal
-	// of its own record takes it.
-	commitRev := readRecord(t, d, target).Rev
-	d.recordChanged(target.KVKey(), commitRev-1, nil)
+	// The eviction of the invalidated record (the old bytes) may reach d's
+	// node after d's copy is in: the copy is of other bytes, and stays.
+	d.eventLink().apply(events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: target.Key,
+		Cause: events.CauseInvalidated, Location: &oldLoc})
 	if !d.local.Contains(target.Object()) || d.Stats().Local.Evicted(localcache.CauseStore) != 0 {
 		t.Fatalf("the recomputed copy was dropped: %+v", d.Stats().Local)
 	}
-	d.recordChanged(target.KVKey(), commitRev+1, nil)
-	if d.local.Contains(target.Object()) {
-		t.Fatal("the removal of its own record left the copy")
+	// An eviction of its own record's bytes while the record names them is
+	// not its record's (committed again since): the copy stays too.
+	newLoc := *readRecord(t, d, target).Record.Location
+	evictNew := events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: target.Key, Cause: events.CauseExpired, Location: &newLoc}
+	d.eventLink().apply(evictNew)
+	if !d.local.Contains(target.Object()) {
+		t.Fatal("an eviction of a record committed again took the copy")
 	}
 	if _, path, err := d.GetOrComputePath(ctx, "r", other, cnt.fn(2)); err != nil || path != PathRemoteHit {
 		t.Fatalf("another epoch: path %v, %v", path, err)
@@ -153,8 +157,11 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 
 // TestTouchedCopyFollowsItsRecord: with a reconciler, a value hit on one
 // process keeps its record alive (each touch's TTL rounded up, so the
-// record lives at least until its expires), and the copy on another
-// process that does not use it lives as long as the record, then goes.
+// record lives at least until its expires), and that process's copy
+// follows the record past its first expiry (it reads the record before
+// the copy ends). The copy on another process that does not use it ends
+// at its own expiry, which was its record's when it was pulled: it never
+// outlives the record, and it costs that process no read.
 func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 	url, store := memoryCluster(t)
 	const storeTTL = 2 * time.Second
@@ -170,11 +177,12 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 		c.Release("r")
 	}
 	first := readRecord(t, a, ref(1)).Record.Expires
-	// a keeps using it until the record has been extended past its first
-	// expiry, and past that expiry b's copy is still there.
+	// a keeps using its copy until past the record's first expiry; every
+	// hit is a local one.
+	hits := a.Stats().LocalHits
 	waitFor(t, func() bool {
-		if _, err := a.GetOrCompute(ctx, "hit", ref(1), cnt.fn(1)); err != nil {
-			t.Fatal(err)
+		if _, path, err := a.GetOrComputePath(ctx, "hit", ref(1), cnt.fn(1)); err != nil || path != PathLocalHit {
+			t.Fatalf("a's hit: path %v, %v", path, err)
 		}
 		a.Release("hit")
 		return time.Now().After(first.Add(200 * time.Millisecond))
@@ -186,11 +194,14 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 	if end := cur.Stamp.Add(cur.TTL); end.Before(cur.Record.Expires) {
 		t.Fatalf("the record's TTL ends at %v, before its expires %v", end, cur.Record.Expires)
 	}
-	if !b.local.Contains(ref(1).Object()) {
-		t.Fatal("b's copy went while its record lived")
+	if a.Stats().LocalHits == hits || a.Stats().RemoteHits != 0 {
+		t.Fatalf("a's copy did not follow its record: %+v", a.Stats())
 	}
-	// Unused, the record goes, and b's copy with it.
-	waitFor(t, func() bool { return !b.local.Contains(ref(1).Object()) })
+	if b.local.Contains(ref(1).Object()) {
+		t.Fatal("b's unused copy outlived its first expiry")
+	}
+	// Unused, the record goes, and a's copy with it.
+	waitFor(t, func() bool { return !a.local.Contains(ref(1).Object()) })
 	if cnt.n[1].Load() != 1 {
 		t.Fatalf("%d computes", cnt.n[1].Load())
 	}

@@ -6,8 +6,9 @@
 // purges on a revision, and reads answered by the stream leader. A Record
 // is a key's JSON value (computing, committed, or an invalidation's
 // tombstone). Acquire takes a key with a computing record and returns a
-// Lease that heartbeats it until it is committed, abandoned or lost; a
-// Watch hands each key's changes to whoever waits on it.
+// Lease that heartbeats it until it is committed, abandoned or lost;
+// Bucket.Hints tells a waiter, and only a waiter, that its key may have
+// changed.
 //
 // Nothing here knows what is computed or where values live: the Cache
 // (package coordinator) and the reconciler's election are both built on

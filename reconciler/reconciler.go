@@ -302,10 +302,10 @@ func (r *Reconciler) read(ctx context.Context, b *lease.Bucket, key string) (lea
 	return cur, err
 }
 
-// expire removes what is left of a value whose record is gone and tells
-// the workers, once per value: a key the events do not call live (a
-// computing record's, or a value already announced) has nothing to evict,
-// and workers drop local copies when they see the record go. A payload
+// expire removes what is left of a value whose record is gone and
+// announces it, once per value: an evicted event, and a notice to the
+// node that wrote the payload. A key the events do not call live (a
+// computing record's, or a value already announced) has nothing to evict. A payload
 // found corrupt is left to the reader that found it (its store removes a
 // corrupt file; a recompute may already have put the value back).
 func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
@@ -333,6 +333,14 @@ func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Pu
 	defer cancel()
 	if err := pub.PublishSync(octx, ev); err != nil {
 		r.s.logger.Warn("embcache: evicted event not published", "key", kvKey, "err", err)
+	}
+	// The writer's node deletes its payload and its processes drop their
+	// copies; nobody else hears of it (copies elsewhere end with their
+	// record, files there go with their node's sweep).
+	if cause != events.CauseCorrupt && loc.Node != "" {
+		if err := events.Notify(r.nc, ev); err != nil {
+			r.s.logger.Warn("embcache: eviction notice not sent", "key", kvKey, "node", loc.Node, "err", err)
+		}
 	}
 }
 

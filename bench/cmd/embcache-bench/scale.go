@@ -36,8 +36,11 @@ type scaleRow struct {
 	Forwards       int     `json:"forwards"`
 	MsgsPerRequest float64 `json:"messages_per_request"`
 	MsgsPerForward float64 `json:"messages_per_forward"`
-	RequestsPerSec float64 `json:"requests_per_s"`
-	Errors         int     `json:"errors"`
+	// Delivered counts only the messages delivered to the processes.
+	DeliveredPerRequest float64 `json:"delivered_per_request"`
+	DeliveredPerForward float64 `json:"delivered_per_forward"`
+	RequestsPerSec      float64 `json:"requests_per_s"`
+	Errors              int     `json:"errors"`
 }
 
 func (s scaleFlags) counts(quick bool) ([]int, scaleFlags, error) {
@@ -77,9 +80,11 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 			return rows, fmt.Errorf("%d processes: %w", p, err)
 		}
 		row := scaleRow{Procs: p, Requests: w.Requests, Forwards: w.Forwards, MsgsPerRequest: w.MsgsPerRequest,
-			RequestsPerSec: w.RequestsPerSec, Errors: w.Errors}
+			DeliveredPerRequest: w.DeliveredPerRequest, RequestsPerSec: w.RequestsPerSec, Errors: w.Errors}
 		if w.Forwards > 0 {
-			row.MsgsPerForward = w.MsgsPerRequest * float64(w.Requests) / float64(w.Forwards)
+			perForward := float64(w.Requests) / float64(w.Forwards)
+			row.MsgsPerForward = w.MsgsPerRequest * perForward
+			row.DeliveredPerForward = w.DeliveredPerRequest * perForward
 		}
 		rows = append(rows, row)
 	}
@@ -88,9 +93,10 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 
 func printScale(w io.Writer, rows []scaleRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "processes\trequests\tforwards\tNATS msgs/request\tmsgs/forward\trequests/s\terrors")
+	fmt.Fprintln(tw, "processes\trequests\tforwards\tNATS msgs/request\tmsgs/forward\tdelivered/request\tdelivered/forward\trequests/s\terrors")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%d\n", r.Procs, r.Requests, r.Forwards, r.MsgsPerRequest, r.MsgsPerForward, r.RequestsPerSec, r.Errors)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\n", r.Procs, r.Requests, r.Forwards, r.MsgsPerRequest, r.MsgsPerForward,
+			r.DeliveredPerRequest, r.DeliveredPerForward, r.RequestsPerSec, r.Errors)
 	}
 	tw.Flush()
 }

@@ -159,8 +159,9 @@ func (e *embcacheSystem) messages() uint64 {
 	s := e.n.Conn().Stats()
 	return s.InMsgs + s.OutMsgs
 }
-func (e *embcacheSystem) close()      { e.n.Close() }
-func (e *embcacheSystem) detail() any { return e.n.Cache().Stats() }
+func (e *embcacheSystem) delivered() uint64 { return e.n.Conn().Stats().InMsgs }
+func (e *embcacheSystem) close()            { e.n.Close() }
+func (e *embcacheSystem) detail() any       { return e.n.Cache().Stats() }
 
 // redisSystem is the common Redis pattern, written carefully: a local LRU
 // with single-flight in front; on a local miss, one script GETs the value's

@@ -56,24 +56,27 @@ func (w *workloadFlags) register(fs *pflag.FlagSet) {
 
 // workloadRow is one system's run.
 type workloadRow struct {
-	System           string    `json:"system"`
-	Procs            int       `json:"procs"`
-	Goroutines       int       `json:"goroutines"`
-	Requests         int       `json:"requests"`
-	Unique           int       `json:"unique"`
-	Forwards         int       `json:"forwards"`
-	ForwardsPerInput float64   `json:"forwards_per_unique_input"`
-	RequestsPerSec   float64   `json:"requests_per_s"`
-	P50ms            float64   `json:"p50_ms"`
-	P99ms            float64   `json:"p99_ms"`
-	MsgsPerRequest   float64   `json:"messages_per_request"`
-	Errors           int       `json:"errors"`
-	Seconds          float64   `json:"seconds"`
-	Skipped          string    `json:"skipped,omitempty"`
-	Details          []any     `json:"details,omitempty"` // per process, what the system counted
-	Runs             int       `json:"runs"`
-	RunsPerSec       []float64 `json:"runs_requests_per_s"` // every run, ascending; the row is the median run
-	MaxForwards      int       `json:"max_forwards"`        // the most forwards of any run
+	System           string  `json:"system"`
+	Procs            int     `json:"procs"`
+	Goroutines       int     `json:"goroutines"`
+	Requests         int     `json:"requests"`
+	Unique           int     `json:"unique"`
+	Forwards         int     `json:"forwards"`
+	ForwardsPerInput float64 `json:"forwards_per_unique_input"`
+	RequestsPerSec   float64 `json:"requests_per_s"`
+	P50ms            float64 `json:"p50_ms"`
+	P99ms            float64 `json:"p99_ms"`
+	MsgsPerRequest   float64 `json:"messages_per_request"`
+	// DeliveredPerRequest counts only the messages delivered to the
+	// processes (NATS systems): replies, acks, hints, events.
+	DeliveredPerRequest float64   `json:"delivered_per_request,omitempty"`
+	Errors              int       `json:"errors"`
+	Seconds             float64   `json:"seconds"`
+	Skipped             string    `json:"skipped,omitempty"`
+	Details             []any     `json:"details,omitempty"` // per process, what the system counted
+	Runs                int       `json:"runs"`
+	RunsPerSec          []float64 `json:"runs_requests_per_s"` // every run, ascending; the row is the median run
+	MaxForwards         int       `json:"max_forwards"`        // the most forwards of any run
 }
 
 // dedupResult is one worker process's report.
@@ -84,7 +87,19 @@ type dedupResult struct {
 	FirstErr  string  `json:"first_err,omitempty"`
 	Latencies []int64 `json:"latencies_us"`
 	Messages  uint64  `json:"messages"`
+	Delivered uint64  `json:"delivered,omitempty"`
 	Detail    any     `json:"detail,omitempty"`
+}
+
+// deliveryCounter is a system that tells the messages delivered to this
+// process apart from those it sent.
+type deliveryCounter interface{ delivered() uint64 }
+
+func deliveredOf(sys dedupSystem) uint64 {
+	if d, ok := sys.(deliveryCounter); ok {
+		return d.delivered()
+	}
+	return 0
 }
 
 func (w workloadFlags) validate(quick bool) (workloadFlags, error) {
@@ -184,11 +199,12 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		return row, err
 	}
 	var lat []int64
-	var msgs uint64
+	var msgs, delivered uint64
 	for _, r := range results {
 		row.Forwards += r.Forwards
 		row.Errors += r.Errors
 		msgs += r.Messages
+		delivered += r.Delivered
 		lat = append(lat, r.Latencies...)
 		row.Details = append(row.Details, r.Detail)
 		if r.FirstErr != "" && row.Skipped == "" {
@@ -204,6 +220,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	row.Seconds = elapsed.Seconds()
 	row.RequestsPerSec = float64(wf.requests) / elapsed.Seconds()
 	row.MsgsPerRequest = float64(msgs) / float64(wf.requests)
+	row.DeliveredPerRequest = float64(delivered) / float64(wf.requests)
 	return row, nil
 }
 
@@ -286,7 +303,7 @@ func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResu
 		if err := read(i, p, &r); err != nil {
 			return nil, 0, err
 		}
-		results[i].Forwards, results[i].Messages, results[i].Detail = r.Forwards, r.Messages, r.Detail
+		results[i].Forwards, results[i].Messages, results[i].Delivered, results[i].Detail = r.Forwards, r.Messages, r.Delivered, r.Detail
 	}
 	return results, elapsed, nil
 }
@@ -379,7 +396,7 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 	if _, err := control.ReadString('\n'); err != nil {
 		return fmt.Errorf("waiting for go: %w", err)
 	}
-	m0 := sys.messages()
+	m0, d0 := sys.messages(), deliveredOf(sys)
 	next := make(chan int)
 	go func() {
 		defer close(next)
@@ -427,7 +444,7 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 	if _, err := control.ReadString('\n'); err != nil {
 		return fmt.Errorf("waiting for report: %w", err)
 	}
-	res = dedupResult{Forwards: enc.Forwards(), Messages: sys.messages() - m0, Detail: sys.detail()}
+	res = dedupResult{Forwards: enc.Forwards(), Messages: sys.messages() - m0, Delivered: deliveredOf(sys) - d0, Detail: sys.detail()}
 	if err := writeJSONLine(out, res); err != nil {
 		return err
 	}
