@@ -7,9 +7,12 @@
 // publishes that renew the TTL, and commits by writing the value through the
 // payload plane and then setting the record to committed with the store
 // TTL. The revision is a fencing token: a holder that lost its lease (it
-// stalled, or its heartbeats stopped) can never commit. Other processes
-// watch the key (and poll, since watchers can stall after a leader change),
-// pull the committed value, or take over when the holder's lease expires.
+// stalled, or its heartbeats stopped) can never commit. A process that
+// waits subscribes to the key's subject for the wait (a hint to read the
+// key again, never a record to trust) and polls, then pulls the committed
+// value or takes over when the holder's lease expires. No process but the
+// reconciler follows the whole bucket: a process hears only of the keys it
+// waits on.
 //
 // Cache is the facade: GetOrCompute checks the local cache, joins an
 // in-process flight, pulls a committed value, waits for a holder, or

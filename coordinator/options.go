@@ -193,8 +193,8 @@ func WithOpTimeout(d time.Duration) Option {
 	return func(s *settings) error { s.opTimeout = d; return positive("op timeout", d) }
 }
 
-// WithPollInterval sets how often a waiter re-reads a key besides watching
-// it (default: a fifth of the lease TTL).
+// WithPollInterval sets how often a waiter re-reads a key besides the
+// hints it hears (default: a fifth of the lease TTL).
 func WithPollInterval(d time.Duration) Option {
 	return func(s *settings) error { s.pollInterval = d; return positive("poll interval", d) }
 }
@@ -262,7 +262,7 @@ func WithEvents(touchInterval time.Duration) Option {
 
 // WithTenants restricts the Cache to these tenants, so that it works
 // under NATS credentials that allow only their subjects (docs/operations.md,
-// "Tenant isolation"): it watches and subscribes per tenant, reads records
+// "Tenant isolation"): it subscribes per tenant, reads records
 // with direct gets by subject, and refuses other tenants' keys.
 func WithTenants(tenants ...string) Option {
 	return func(s *settings) error {

@@ -3,7 +3,9 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +19,9 @@ import (
 )
 
 // TenantPermissions is the permission layout of docs/operations.md for a
-// tenant's workers: their own lease keys and events, direct gets and
-// consumers filtered to them, stream info, and replies on their own inbox
+// tenant's workers: their own lease keys (written, read with direct gets,
+// subscribed to while waited on) and events, consumers filtered to them,
+// their eviction notices, stream info, and replies on their own inbox
 // prefix (_INBOX_<tenant>, set with nats.CustomInboxPrefix).
 func TenantPermissions(tenant string) *server.Permissions {
 	kv := "$KV." + lease.DefaultBucket + "." + tenant + ".>"
@@ -27,13 +30,17 @@ func TenantPermissions(tenant string) *server.Permissions {
 			kv,
 			"embcache.ev." + tenant + ".>",
 			"$JS.API.DIRECT.GET.KV_" + lease.DefaultBucket + "." + kv,
-			"$JS.API.CONSUMER.CREATE.KV_" + lease.DefaultBucket + ".*." + kv,
 			"$JS.API.CONSUMER.CREATE." + events.StreamName + ".*.embcache.ev." + tenant + ".>",
+			// Pulls from its (ordered) consumers, whose names are random
+			// and cannot be listed.
+			"$JS.API.CONSUMER.MSG.NEXT." + events.StreamName + ".*",
 			"$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.DELETE.*.*",
 			"$JS.API.STREAM.INFO.KV_" + lease.DefaultBucket, "$JS.API.STREAM.INFO." + events.StreamName,
 			"$JS.FC.>",
 		}},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>"}},
+		// The tenant's keys while waiting on them (hints), and the eviction
+		// notices of its values to any node.
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>", kv, events.NoticePrefix + tenant + ".*"}},
 	}
 }
 
@@ -55,9 +62,12 @@ func TestTenantIsolation(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	url := srv.ClientURL()
+	var denied sync.Map // what the caches' connections were refused: nothing
 	dial := func(user string) *nats.Conn {
 		t.Helper()
-		opts := []nats.Option{nats.UserInfo(user, user), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}
+		opts := []nats.Option{nats.UserInfo(user, user), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			denied.Store(user+": "+err.Error(), true)
+		})}
 		if user != "admin" {
 			opts = append(opts, nats.CustomInboxPrefix("_INBOX_"+user))
 		}
@@ -107,6 +117,42 @@ func TestTenantIsolation(t *testing.T) {
 	if _, err := a1.GetOrCompute(ctx, "r", betaRef, cnt.fn(2)); !errors.Is(err, ErrTenant) {
 		t.Fatalf("acme's cache asked for beta's key: %v", err)
 	}
+	// A wait under the tenant's credentials: a2 waits on a key a1 holds
+	// (its hints subscribe to the key's subject).
+	waitRef := ref(3)
+	waitRef.Tenant = "acme"
+	r, err := a1.Reserve(ctx, waitRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, path, err := a2.GetOrComputePath(ctx, "w", waitRef, cnt.fn(3))
+		if err == nil && path != PathWaited {
+			err = fmt.Errorf("path %v", path)
+		}
+		waited <- err
+	}()
+	waitFor(t, func() bool { return a2.Stats().Waits == 1 })
+	if _, err := r.Commit(ctx, embedding(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("acme's waiter: %v", err)
+	}
+	a1.Release("r")
+	a2.Release("r")
+	a2.Release("w")
+	// An invalidation reaches the tenant's other caches through the
+	// event stream, under the tenant's credentials.
+	if err := a1.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !a2.local.Contains(acmeRef.Object()) })
+	denied.Range(func(k, _ any) bool {
+		t.Errorf("a tenant cache's connection was refused: %s", k)
+		return true
+	})
 
 	// Raw attempts with acme's credentials on beta's subjects.
 	nc := dial("acme")
@@ -161,11 +207,14 @@ func TestTenantIsolation(t *testing.T) {
 	if err := nc.Publish("_INBOX_beta.x", nil); err != nil && !strings.Contains(err.Error(), "permission") {
 		t.Log(err)
 	}
-	if sub, err := nc.SubscribeSync("_INBOX_beta.>"); err == nil {
-		nc.Flush()
-		if err := nc.LastError(); err == nil || !strings.Contains(err.Error(), "Permissions Violation") {
-			t.Fatalf("acme subscribed to beta's inbox: %v", err)
+	for _, subject := range []string{"_INBOX_beta.>", betaSubject, events.NoticeSubject("beta", "test-node")} {
+		other := dial("acme")
+		if sub, err := other.SubscribeSync(subject); err == nil {
+			other.Flush()
+			if err := other.LastError(); err == nil || !strings.Contains(err.Error(), "Permissions Violation") {
+				t.Fatalf("acme subscribed to %s: %v", subject, err)
+			}
+			sub.Unsubscribe()
 		}
-		sub.Unsubscribe()
 	}
 }
