@@ -204,6 +204,52 @@ func TestReconcilerFailover(t *testing.T) {
 	}
 }
 
+// TestReconcilerCatchesUpFromTheMarkers: a reconciler that starts a
+// moment after the last one ended (the election key's marker says when)
+// reads the bucket's markers from then on: a value that expired in between
+// is evicted without a sweep over the values.
+func TestReconcilerCatchesUpFromTheMarkers(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	r1, stop1 := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return r1.Stats().Active })
+	a := eventCache(t, srv.ClientURL(), store, WithStoreTTL(time.Second))
+	var cnt counter
+	a.GetOrCompute(context.Background(), "r", ref(4), cnt.fn(4))
+	a.Release("r")
+	stop1()
+	// The first one's lease ends with a marker; the value expires too.
+	waitFor(t, func() bool {
+		el, err := a.bucket().Read(context.Background(), reconciler.ElectionKey)
+		return err == nil && !el.Live && el.Rev > 0 && !readRecord(t, a, ref(4)).Live
+	})
+	r2, _ := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return store.Bytes() == 0 })
+	if s := r2.Stats(); s.Expired != 1 || s.Sweeps != 0 {
+		t.Fatalf("the second reconciler: %+v, want one value expired and no sweep", s)
+	}
+}
+
+// TestFirstReconcilerSweeps: the first reconciler of a bucket has no
+// marker to start from (nor one whose marker is gone): it reads the last
+// event of every value once and evicts those whose record is gone.
+func TestFirstReconcilerSweeps(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	a := eventCache(t, srv.ClientURL(), store, WithStoreTTL(time.Second))
+	var cnt counter
+	for i := range 3 {
+		a.GetOrCompute(context.Background(), "r", ref(i), cnt.fn(i))
+	}
+	a.Release("r")
+	waitFor(t, func() bool { return !readRecord(t, a, ref(0)).Live && a.Stats().Publisher.Published >= 3 })
+	r, _ := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return store.Bytes() == 0 })
+	if s := r.Stats(); s.Expired != 3 || s.Sweeps != 1 {
+		t.Fatalf("the first reconciler: %+v, want three values expired by one sweep", s)
+	}
+}
+
 // TestReplayMatchesRunningSystem: after commits, touches, an invalidation
 // and an expiry, replaying the stream gives the set of committed records.
 func TestReplayMatchesRunningSystem(t *testing.T) {

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -289,5 +290,73 @@ func BenchmarkPublish(b *testing.B) {
 			pub.Close(ctx)
 			cancel()
 		})
+	}
+}
+
+// Latest reads one value's last events by subject: live after a publish
+// or a touch, not after an eviction or an abandon that came later; and
+// Scan reads the last event of each subject of the kinds it is asked for.
+func TestLatestAndScan(t *testing.T) {
+	_, _, js := server(t)
+	ctx := context.Background()
+	s, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := func(e *Event) {
+		t.Helper()
+		b, err := Encode(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, e.Subject(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	latest := func(i byte) (Entry, bool, bool) {
+		t.Helper()
+		e, live, ok, err := Latest(ctx, s, "acme", key(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, live, ok
+	}
+	if _, _, ok := latest(1); ok {
+		t.Fatal("a key without events has an entry")
+	}
+	emit(published("acme", 1, now.Add(time.Hour)))
+	if e, live, ok := latest(1); !ok || !live || e.Location.Checksum != (payload.Checksum{1}) || e.Model != "m" {
+		t.Fatalf("after a publish: %+v live %v ok %v", e, live, ok)
+	}
+	emit(&Event{Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now})
+	if _, live, ok := latest(1); !ok || live {
+		t.Fatalf("after an eviction: live %v ok %v", live, ok)
+	}
+	touch := published("acme", 1, now.Add(2*time.Hour))
+	touch.Kind = KindTouched
+	emit(touch)
+	if e, live, _ := latest(1); !live || !e.Expires.Equal(now.Add(2*time.Hour)) {
+		t.Fatalf("after a later touch: %+v live %v", e, live)
+	}
+	emit(&Event{Kind: KindAbandoned, Tenant: "acme", Key: key(1), Reason: "OOM", Time: now})
+	if _, live, _ := latest(1); live {
+		t.Fatal("live after an abandon")
+	}
+
+	emit(published("acme", 2, now.Add(time.Hour)))
+	emit(published("beta", 3, now.Add(time.Hour)))
+	var got []string
+	skipped, err := Scan(ctx, js, ScanOptions{Kinds: []Kind{KindPublished, KindTouched}, LastPerSubject: true}, func(e Event) {
+		got = append(got, e.Tenant+"/"+e.Kind.String()+"/"+e.Key.String()[:2])
+	})
+	if err != nil || skipped != 0 {
+		t.Fatal(skipped, err)
+	}
+	want := []string{"acme/published/01", "acme/touched/01", "acme/published/02", "beta/published/03"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("scan: %v, want %v", got, want)
+	}
+	if n, err := Scan(ctx, js, ScanOptions{Kinds: []Kind{KindInvalidated}}, func(Event) { t.Fatal("an event of no kind asked for") }); err != nil || n != 0 {
+		t.Fatal(n, err)
 	}
 }

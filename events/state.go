@@ -2,7 +2,6 @@ package events
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -80,50 +79,13 @@ func (s *State) Live(now time.Time) map[payload.ObjectID]Entry {
 
 // Replay reads the whole stream, from the start to its last event at the
 // time of the call, into a fresh State. Events that do not decode are
-// counted in skipped.
+// counted in skipped. The State holds every value the stream knows: for
+// tools and tests; the reconciler reads what it needs by subject (Latest).
 func Replay(ctx context.Context, js jetstream.JetStream) (state *State, skipped int, err error) {
 	state = NewState()
-	stream, err := js.Stream(ctx, StreamName)
+	skipped, err = Scan(ctx, js, ScanOptions{}, state.Apply)
 	if err != nil {
-		return nil, 0, fmt.Errorf("events: replay: %w", err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return nil, 0, fmt.Errorf("events: replay: %w", err)
-	}
-	last := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return state, 0, nil
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return nil, 0, fmt.Errorf("events: replay: %w", err)
-	}
-	for done := false; !done; {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(200*time.Millisecond))
-		if err != nil {
-			return nil, skipped, fmt.Errorf("events: replay: %w", err)
-		}
-		// Drain the whole batch even past the last event: the fetch ends
-		// (and its goroutine with it) when its channel closes.
-		for m := range batch.Messages() {
-			meta, err := m.Metadata()
-			if done || err != nil {
-				continue
-			}
-			if e, err := Decode(m.Data()); err != nil {
-				skipped++
-			} else {
-				state.Apply(e)
-			}
-			done = meta.Sequence.Stream >= last
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !done {
-			return nil, skipped, fmt.Errorf("events: replay: %w", err)
-		}
-		if ctx.Err() != nil {
-			return nil, skipped, ctx.Err()
-		}
+		return nil, skipped, fmt.Errorf("events: replay: %w", err)
 	}
 	return state, skipped, nil
 }

@@ -6,4 +6,11 @@
 // Run any number of them: one is active at a time, elected with a lease
 // (package lease) on ElectionKey, and a standby takes over when it dies.
 // The protocol does not depend on one running (docs/protocol.md 4.4).
+//
+// It keeps nothing per value. It follows the bucket's messages (its
+// expiry markers and purges) from where the previous active one ended, and
+// reads what it needs of a value (where its payload is) from the value's
+// last events when its record goes; only after a gap longer than the
+// bucket's marker TTL (or at the first start) does it sweep every value
+// the events know, once (docs/protocol.md 4.6).
 package reconciler

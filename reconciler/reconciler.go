@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +130,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		b, err := r.bucket(ctx)
 		if err == nil {
+			since := r.lastActive(ctx, b)
 			var el *lease.Lease
 			el, err = r.campaign(ctx, b)
 			if err == nil {
@@ -137,7 +139,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				r.tel.elections.Add(ctx, 1)
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
-				err = r.active(ctx, b, el)
+				err = r.active(ctx, b, el, since)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
 				el.Stop()
@@ -179,8 +181,30 @@ func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Leas
 	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock})
 }
 
-// active reconciles until the lease is lost or ctx ends.
-func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease) error {
+// lastActive is when the previous active reconciler ended, as far as
+// the bucket tells: the time stamp of the election key's marker (its
+// lease expired or was given up), less a lease TTL (it may have stalled
+// that long before). Zero when nothing tells (no marker: the first ever,
+// or one gone after the marker TTL): everything since may have been
+// missed.
+func (r *Reconciler) lastActive(ctx context.Context, b *lease.Bucket) time.Time {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	prev, err := b.Read(octx, ElectionKey)
+	if err != nil || prev.Live || prev.Rev == 0 || prev.Stamp.IsZero() {
+		return time.Time{}
+	}
+	return prev.Stamp.Add(-r.s.leaseTTL - time.Second)
+}
+
+// active reconciles until the lease is lost or ctx ends. It keeps nothing
+// per value: what it needs of a value it reads from the stream when it
+// needs it (events.Latest), so its memory grows with the work in hand,
+// not with the records. It follows the bucket from since (the previous
+// active's end): the markers placed meanwhile are still in the bucket if
+// that is less than a marker TTL ago; otherwise (or since unknown) it
+// sweeps every value the events know once.
+func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease, since time.Time) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -190,27 +214,23 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		case <-ctx.Done():
 		}
 	}()
-	state, skipped, err := events.Replay(ctx, r.js)
+	evs, err := r.js.Stream(ctx, events.StreamName)
 	if err != nil {
 		return err
 	}
-	if skipped > 0 {
-		// The durable consumer below counts them as it reaches them.
-		r.s.logger.Warn("embcache: replay skipped events that do not decode", "skipped", skipped)
-	}
 	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
 	defer pub.Close(context.Background())
+	x := &expirer{r: r, b: b, pub: pub, events: evs}
 	work := make(chan func(), 256)
 	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: Durable, Logger: r.s.logger, OnBad: r.tel.EventBad},
 		func(e events.Event) {
 			r.tel.EventDecoded(e.Kind)
-			state.Apply(e)
 			var fn func()
 			switch e.Kind {
 			case events.KindTouched:
 				fn = func() { r.applyTouch(ctx, b, e) }
 			case events.KindInvalidated:
-				fn = func() { r.applyInvalidation(ctx, b, pub, state, e) }
+				fn = func() { r.applyInvalidation(ctx, x, e) }
 			default:
 				return
 			}
@@ -223,37 +243,61 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		return err
 	}
 	defer sub.Stop()
-	w, err := b.KV().WatchAll(ctx, jetstream.UpdatesOnly())
+	sweep := since.IsZero() || time.Since(since) >= r.s.markerTTL
+	start := since
+	if sweep {
+		start = time.Now()
+	}
+	changes, stop, err := watchBucket(ctx, r.js, b.Name(), start)
 	if err != nil {
 		return err
 	}
-	defer w.Stop()
-
-	// Values that expired while no reconciler was active; then now and
-	// then, in case a marker was missed (a watcher can stall).
-	r.sweep(ctx, b, pub, state)
-	sweep := time.NewTicker(max(10*r.s.leaseTTL, 10*time.Second))
-	defer sweep.Stop()
+	defer stop()
+	if sweep {
+		r.sweep(ctx, x)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return el.Err()
 		case fn := <-work:
 			fn()
-		case e := <-w.Updates():
+		case m := <-changes:
+			key := strings.TrimPrefix(m.Subject(), "$KV."+b.Name()+".")
+			h := m.Headers()
 			switch {
-			case e == nil || e.Key() == ElectionKey:
-			case e.Operation() != jetstream.KeyValuePut:
-				r.expire(ctx, b, pub, state, e.Key(), lease.PurgeCause(e.Value()))
+			case !strings.Contains(key, "."): // the election's, or another key of no value
+			case h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "":
+				x.expire(ctx, key, lease.PurgeCause(m.Data()), nil)
 			default:
-				if _, err := lease.DecodeRecord(e.Value()); err != nil {
+				if _, err := lease.DecodeRecord(m.Data()); err != nil {
 					r.tel.RecordBad(err, telemetry.OpWatch)
 				}
 			}
-		case <-sweep.C:
-			r.sweep(ctx, b, pub, state)
 		}
 	}
+}
+
+// watchBucket delivers every message of the bucket's stream from start
+// on, in order (an ordered consumer, which resumes where it was after a
+// stall or a leader change), until stop.
+func watchBucket(ctx context.Context, js jetstream.JetStream, bucket string, start time.Time) (<-chan jetstream.Msg, func(), error) {
+	cons, err := js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
+	if err != nil {
+		return nil, nil, err
+	}
+	ch := make(chan jetstream.Msg, 256)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case ch <- m:
+		case <-ctx.Done():
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return ch, func() { cc.Stop(); <-cc.Closed() }, nil
 }
 
 // applyTouch extends the committed record's TTL to the touch's expiry.
@@ -302,21 +346,43 @@ func (r *Reconciler) read(ctx context.Context, b *lease.Bucket, key string) (lea
 	return cur, err
 }
 
+// expirer announces evictions: the active reconciler's bucket, publisher
+// and event stream.
+type expirer struct {
+	r      *Reconciler
+	b      *lease.Bucket
+	pub    *events.Publisher
+	events jetstream.Stream
+}
+
 // expire removes what is left of a value whose record is gone and
 // announces it, once per value: an evicted event, and a notice to the
-// node that wrote the payload. A key the events do not call live (a
-// computing record's, or a value already announced) has nothing to evict. A payload
-// found corrupt is left to the reader that found it (its store removes a
-// corrupt file; a recompute may already have put the value back).
-func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State, kvKey string, cause events.Cause) {
+// node that wrote the payload. What the value was (its location, model and
+// epoch) comes from its last published or touched event; a key whose last
+// such event is followed by an evicted or abandoned one (announced
+// already, or a compute that failed) has nothing to evict. known, if set,
+// stands in for a value the stream has no event of (a record the
+// reconciler purged itself). A payload found corrupt is left to the reader
+// that found it (its store removes a corrupt file; a recompute may
+// already have put the value back).
+func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, known *events.Entry) {
+	r := x.r
 	tenant, hexKey, ok := strings.Cut(kvKey, ".")
 	key, err := cachekey.Parse(hexKey)
 	if !ok || err != nil {
 		return
 	}
-	obj := payload.ObjectID{Tenant: tenant, Key: key}
-	entry, known := state.Get(obj)
-	if !known {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	entry, live, found, err := events.Latest(octx, x.events, tenant, key)
+	cancel()
+	if err != nil {
+		r.s.logger.Warn("embcache: eviction not announced: the value's events are unreadable", "key", kvKey, "err", err)
+		return
+	}
+	if !found && known != nil {
+		entry, live = *known, true
+	}
+	if !live {
 		return
 	}
 	loc := entry.Location
@@ -328,10 +394,9 @@ func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Pu
 	if cause == events.CauseExpired {
 		r.did(actionExpire)
 	}
-	state.Apply(*ev)
-	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	octx, cancel = context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	if err := pub.PublishSync(octx, ev); err != nil {
+	if err := x.pub.PublishSync(octx, ev); err != nil {
 		r.s.logger.Warn("embcache: evicted event not published", "key", kvKey, "err", err)
 	}
 	// The writer's node deletes its payload and its processes drop their
@@ -346,7 +411,7 @@ func (r *Reconciler) expire(ctx context.Context, b *lease.Bucket, pub *events.Pu
 
 // deletePayload removes a payload this reconciler can reach: its own
 // node's, or a shared store's (Mooncake). Other nodes remove theirs when
-// the evicted event reaches them.
+// the notice reaches them.
 func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
 	t := r.s.deleters[loc.Transport]
 	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
@@ -359,18 +424,45 @@ func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
 	}
 }
 
-// sweep evicts every value the events call live whose record is gone:
-// markers can be missed while no reconciler runs.
-func (r *Reconciler) sweep(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State) {
+// sweepReaders is how many records a sweep reads at once.
+const sweepReaders = 16
+
+// sweep evicts every value the events call live whose record is gone: the
+// markers of the time no reconciler ran may be gone too. It reads the
+// last published and touched event of every value once, one batch at a
+// time, and each one's record (sweepReaders at once); it holds nothing of
+// them.
+func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 	r.did(actionSweep)
-	for obj := range state.Live(time.Unix(0, 0)) {
-		key := obj.Tenant + "." + obj.Key.String()
-		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		cur, err := r.read(octx, b, key)
-		cancel()
-		if err == nil && !cur.Live {
-			r.expire(ctx, b, pub, state, key, events.CauseExpired)
+	keys := make(chan string, sweepReaders)
+	var wg sync.WaitGroup
+	for range sweepReaders {
+		wg.Go(func() {
+			for key := range keys {
+				octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+				cur, err := r.read(octx, x.b, key)
+				cancel()
+				if err == nil && !cur.Live {
+					x.expire(ctx, key, events.CauseExpired, nil)
+				}
+			}
+		})
+	}
+	skipped, err := events.Scan(ctx, r.js, events.ScanOptions{Kinds: []events.Kind{events.KindPublished, events.KindTouched},
+		LastPerSubject: true}, func(e events.Event) {
+		select {
+		case keys <- e.Tenant + "." + e.Key.String():
+		case <-ctx.Done():
 		}
+	})
+	close(keys)
+	wg.Wait()
+	if err != nil && ctx.Err() == nil {
+		r.s.logger.Warn("embcache: sweep ended early", "err", err)
+	}
+	if skipped > 0 {
+		// The durable consumer counts them as it reaches them.
+		r.s.logger.Warn("embcache: sweep skipped events that do not decode", "skipped", skipped)
 	}
 }
 
@@ -378,7 +470,8 @@ func (r *Reconciler) sweep(ctx context.Context, b *lease.Bucket, pub *events.Pub
 // event's tenant, model and epoch reserved before its tombstone (every one,
 // for an event without a tombstone: an older release's invalidate). A
 // value computed since stays, also when the event is delivered again.
-func (r *Reconciler) applyInvalidation(ctx context.Context, b *lease.Bucket, pub *events.Publisher, state *events.State, e events.Event) {
+func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events.Event) {
+	b := x.b
 	tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	tomb, err := b.Tombstone(tctx, e.Tenant, e.Model, e.Epoch)
 	cancel()
@@ -394,28 +487,24 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, b *lease.Bucket, pub
 		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "err", err)
 		return
 	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
-	for _, key := range keys {
+	defer lister.Stop()
+	// One key at a time, as the lister delivers them: nothing is held of
+	// the tenant's keys.
+	for key := range lister.Keys() {
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 		cur, err := r.read(octx, b, key)
 		if err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
-			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb {
-			if b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated) == nil {
-				r.did(actionInvalidate)
-				if loc := cur.Record.Location; loc != nil {
-					obj, _ := loc.ObjectID()
-					if _, known := state.Get(obj); !known {
-						state.Apply(events.Event{Kind: events.KindPublished, Tenant: e.Tenant,
-							Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: loc, Expires: cur.Record.Expires})
-					}
-				}
-				cancel()
-				r.expire(ctx, b, pub, state, key, events.CauseInvalidated)
-				continue
+			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb &&
+			b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated) == nil {
+			r.did(actionInvalidate)
+			var known *events.Entry
+			if loc := cur.Record.Location; loc != nil {
+				obj, _ := loc.ObjectID()
+				known = &events.Entry{Tenant: e.Tenant, Key: obj.Key, Model: e.Model, Epoch: e.Epoch, Location: *loc, Expires: cur.Record.Expires}
 			}
+			cancel()
+			x.expire(ctx, key, events.CauseInvalidated, known)
+			continue
 		}
 		cancel()
 	}

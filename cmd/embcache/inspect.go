@@ -197,10 +197,10 @@ func tailEvents(ctx context.Context, cf *connFlags, opts events.SubscribeOptions
 
 func newStats() *cobra.Command {
 	var cf connFlags
-	var asJSON bool
+	var asJSON, live bool
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Show the bucket, the stream and the live set",
+		Short: "Show the bucket's and the stream's sizes (--live: and count the live values)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			nc, js, err := cf.connect()
@@ -208,9 +208,14 @@ func newStats() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 3*cf.timeout)
+			// A replay takes as long as the stream is big: it is bounded by
+			// Ctrl-C, not by the request timeout.
+			ctx, cancel := cmd.Context(), context.CancelFunc(func() {})
+			if !live {
+				ctx, cancel = context.WithTimeout(ctx, 3*cf.timeout)
+			}
 			defer cancel()
-			sum, err := inspect.Summarize(ctx, js)
+			sum, err := inspect.Summarize(ctx, js, live)
 			if err != nil {
 				return err
 			}
@@ -223,13 +228,16 @@ func newStats() *cobra.Command {
 			}
 			if e := sum.Events; e != nil {
 				fmt.Fprintf(w, "events   %s: %d messages, %d bytes\n", e.Stream, e.Messages, e.Bytes)
-				fmt.Fprintf(w, "live     %d values (%d undecodable events skipped)\n", *sum.LiveValues, *sum.UndecodableEvents)
+				if sum.LiveValues != nil {
+					fmt.Fprintf(w, "live     %d values (%d undecodable events skipped)\n", *sum.LiveValues, *sum.UndecodableEvents)
+				}
 			}
 			return nil
 		},
 	}
 	cf.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&live, "live", false, "replay the event stream to count the live values (reads every event: slow on big streams)")
 	return cmd
 }
 

@@ -310,7 +310,7 @@ func TestServeAndInspect(t *testing.T) {
 	if code != 0 || !strings.Contains(out, `"kind":"published"`) || !strings.Contains(out, ref.Key.String()) {
 		t.Fatalf("events tail: %d %s %s", code, out, stderr)
 	}
-	out, stderr, code = run(t, "stats", "--json", "--nats", url)
+	out, stderr, code = run(t, "stats", "--live", "--json", "--nats", url)
 	if code != 0 || !strings.Contains(out, `"live_values": 1`) {
 		t.Fatalf("stats: %d %s %s", code, out, stderr)
 	}

@@ -96,9 +96,12 @@ type StreamSummary struct {
 	Bytes    uint64 `json:"bytes"`
 }
 
-// Summarize reads the bucket's and the stream's state, and replays the
-// stream to count the live values.
-func Summarize(ctx context.Context, js jetstream.JetStream) (Summary, error) {
+// Summarize reads the bucket's and the stream's sizes (a few requests,
+// whatever their size) and, with live, replays the stream to count the
+// live values: that reads every event and holds every value the stream
+// knows, so it takes time and memory in proportion (about a second and
+// 200 MB per million values).
+func Summarize(ctx context.Context, js jetstream.JetStream, live bool) (Summary, error) {
 	var s Summary
 	if kv, err := js.KeyValue(ctx, lease.DefaultBucket); err == nil {
 		st, err := kv.Status(ctx)
@@ -119,12 +122,15 @@ func Summarize(ctx context.Context, js jetstream.JetStream) (Summary, error) {
 		return s, err
 	}
 	s.Events = &StreamSummary{Stream: events.StreamName, Messages: info.State.Msgs, Bytes: info.State.Bytes}
+	if !live {
+		return s, nil
+	}
 	state, skipped, err := events.Replay(ctx, js)
 	if err != nil {
 		return s, err
 	}
-	live := len(state.Live(time.Now()))
-	s.LiveValues, s.UndecodableEvents = &live, &skipped
+	n := len(state.Live(time.Now()))
+	s.LiveValues, s.UndecodableEvents = &n, &skipped
 	return s, nil
 }
 

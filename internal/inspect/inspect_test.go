@@ -55,7 +55,7 @@ func TestKeysRecordAndSummary(t *testing.T) {
 		t.Fatalf("a missing record: %v", err)
 	}
 
-	sum, err := inspect.Summarize(ctx, js)
+	sum, err := inspect.Summarize(ctx, js, true)
 	if err != nil || sum.Bucket == nil || sum.Bucket.Values != 3 || sum.Events != nil || sum.LiveValues != nil {
 		t.Fatalf("without the stream: %+v %v", sum, err)
 	}
@@ -72,8 +72,13 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, err = inspect.Summarize(ctx, js)
+	sum, err = inspect.Summarize(ctx, js, true)
 	if err != nil || sum.Events == nil || sum.Events.Messages != 1 || sum.LiveValues == nil || *sum.LiveValues != 1 {
 		t.Fatalf("with the stream: %+v %v", sum, err)
+	}
+	// Without live, the sizes alone: no replay.
+	sum, err = inspect.Summarize(ctx, js, false)
+	if err != nil || sum.Events == nil || sum.Events.Messages != 1 || sum.LiveValues != nil {
+		t.Fatalf("without live: %+v %v", sum, err)
 	}
 }
