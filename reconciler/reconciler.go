@@ -58,7 +58,7 @@ const (
 	actionExpire                      // a value whose record expired was evicted (evicted event sent)
 	actionInvalidate                  // a committed record removed by an invalidation
 	actionDeletePayload               // a payload removed
-	actionSweep                       // a pass over the live values for records gone unnoticed
+	actionSweep                       // a pass over the values the events know, done (after a gap in the markers)
 	numActions
 )
 
@@ -86,7 +86,7 @@ type Stats struct {
 	Expired        uint64 // expired records evicted
 	Invalidated    uint64 // records removed by invalidations
 	PayloadDeletes uint64 // payloads removed
-	Sweeps         uint64
+	Sweeps         uint64 // passes over every value the events know, finished
 	Active         bool
 }
 
@@ -181,17 +181,17 @@ func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Leas
 	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock})
 }
 
-// lastActive is when the previous active reconciler ended, as far as
-// the bucket tells: the time stamp of the election key's marker (its
-// lease expired or was given up), less a lease TTL (it may have stalled
-// that long before). Zero when nothing tells (no marker: the first ever,
-// or one gone after the marker TTL): everything since may have been
-// missed.
+// lastActive is, as far as the bucket tells, since when the previous
+// active reconciler may have done nothing: the time stamp of the election
+// key's last message (the previous one's last renewal, or the marker its
+// lease left), less a lease TTL (it may have stalled that long before).
+// Zero when nothing tells (no message: the first start, or the marker is
+// gone after the marker TTL): everything may have been missed.
 func (r *Reconciler) lastActive(ctx context.Context, b *lease.Bucket) time.Time {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	prev, err := b.Read(octx, ElectionKey)
-	if err != nil || prev.Live || prev.Rev == 0 || prev.Stamp.IsZero() {
+	if err != nil || prev.Rev == 0 || prev.Stamp.IsZero() {
 		return time.Time{}
 	}
 	return prev.Stamp.Add(-r.s.leaseTTL - time.Second)
@@ -433,7 +433,7 @@ const sweepReaders = 16
 // time, and each one's record (sweepReaders at once); it holds nothing of
 // them.
 func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
-	r.did(actionSweep)
+	defer r.did(actionSweep) // counted when done
 	keys := make(chan string, sweepReaders)
 	var wg sync.WaitGroup
 	for range sweepReaders {

@@ -128,17 +128,28 @@ func TestScaleQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r struct {
-		Scale []scaleRow `json:"scale"`
+		Scale scaleResult `json:"scale"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Scale) != 2 || !strings.Contains(stdout, "msgs/forward") {
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Scale.Processes) != 2 || len(r.Scale.Records) != 1 ||
+		!strings.Contains(stdout, "msgs/forward") || !strings.Contains(stdout, "join to first hit") {
 		t.Fatalf("scale JSON: %v\n%s\n%s", err, raw, stdout)
 	}
-	for _, row := range r.Scale {
-		if row.Errors != 0 || row.Forwards < 40 || row.MsgsPerRequest <= 0 || row.MsgsPerForward <= row.MsgsPerRequest {
+	for _, row := range r.Scale.Processes {
+		if row.Errors != 0 || row.Forwards < 40 || row.MsgsPerRequest <= 0 || row.MsgsPerForward <= row.MsgsPerRequest ||
+			row.DeliveredPerRequest <= 0 {
 			t.Fatalf("row %+v", row)
 		}
 	}
+	// A new process's first request is a remote hit; the first reconciler
+	// swept, the one after it did not.
+	if row := r.Scale.Records[0]; row.Records != 1000 || row.JoinPath != "remote-hit" || row.FailoverSweeps != 0 ||
+		row.ColdHeap == 0 || row.FailoverHeap == 0 {
+		t.Fatalf("records row %+v", row)
+	}
 	if _, _, code := run(t, "--suites", "scale", "--scale-procs", "2,zero"); code != 2 {
 		t.Fatalf("bad --scale-procs: exit %d", code)
+	}
+	if _, _, code := run(t, "--suites", "scale", "--scale-records", "-1"); code != 2 {
+		t.Fatalf("bad --scale-records: exit %d", code)
 	}
 }

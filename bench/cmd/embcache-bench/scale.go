@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -21,12 +19,14 @@ import (
 type scaleFlags struct {
 	procs            string
 	requests, unique int
+	records          string
 }
 
 func (s *scaleFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&s.procs, "scale-procs", "2,4,8,16,32", "scale: process counts, comma-separated")
 	fs.IntVar(&s.requests, "scale-requests", 4000, "scale: requests in all, per process count")
 	fs.IntVar(&s.unique, "scale-unique", 4000, "scale: unique inputs (Zipf 1.1)")
+	fs.StringVar(&s.records, "scale-records", "10000,100000,1000000", "scale: committed record counts for the join, reconciler and inspection figures, comma-separated (empty: none)")
 }
 
 // scaleRow is one process count's run.
@@ -43,41 +43,46 @@ type scaleRow struct {
 	Errors              int     `json:"errors"`
 }
 
-func (s scaleFlags) counts(quick bool) ([]int, scaleFlags, error) {
+func (s scaleFlags) counts(quick bool) (procs, records []int, _ scaleFlags, _ error) {
 	if quick {
-		s.procs, s.requests, s.unique = "2,4", 80, 40
+		s.procs, s.requests, s.unique, s.records = "2,4", 80, 40, "1000"
 	}
-	var counts []int
-	for _, p := range strings.Split(s.procs, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil || n < 1 {
-			return nil, s, usagef("scale: --scale-procs %q: want process counts >= 1", s.procs)
-		}
-		counts = append(counts, n)
+	procs, err := parseCounts("scale-procs", s.procs)
+	if err != nil {
+		return nil, nil, s, err
+	}
+	if records, err = parseCounts("scale-records", s.records); err != nil {
+		return nil, nil, s, err
 	}
 	if s.unique < 1 || s.requests < s.unique {
-		return nil, s, usagef("scale: need unique >= 1 and requests >= unique")
+		return nil, nil, s, usagef("scale: need unique >= 1 and requests >= unique")
 	}
-	return counts, s, nil
+	return procs, records, s, nil
 }
 
-func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) ([]scaleRow, error) {
-	counts, sf, err := sf.counts(quick)
+// scaleResult is the scale suite's figures.
+type scaleResult struct {
+	Processes []scaleRow   `json:"processes"`
+	Records   []recordsRow `json:"records"`
+}
+
+func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (scaleResult, error) {
+	var res scaleResult
+	counts, records, sf, err := sf.counts(quick)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return res, err
 	}
-	var rows []scaleRow
 	for _, p := range counts {
 		fmt.Fprintf(log, "scale: %d processes ...\n", p)
 		wf := workloadFlags{procs: p, goroutines: 2, unique: sf.unique, requests: sf.requests, zipf: 1.1,
 			encodeMS: 1, embedMB: 1.0 / 64, systems: sysEmbcache, rounds: 1}
 		w, err := runSystem(ctx, self, sysEmbcache, wf)
 		if err != nil {
-			return rows, fmt.Errorf("%d processes: %w", p, err)
+			return res, fmt.Errorf("%d processes: %w", p, err)
 		}
 		row := scaleRow{Procs: p, Requests: w.Requests, Forwards: w.Forwards, MsgsPerRequest: w.MsgsPerRequest,
 			DeliveredPerRequest: w.DeliveredPerRequest, RequestsPerSec: w.RequestsPerSec, Errors: w.Errors}
@@ -86,9 +91,10 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 			row.MsgsPerForward = w.MsgsPerRequest * perForward
 			row.DeliveredPerForward = w.DeliveredPerRequest * perForward
 		}
-		rows = append(rows, row)
+		res.Processes = append(res.Processes, row)
 	}
-	return rows, nil
+	res.Records, err = benchRecords(ctx, records, log)
+	return res, err
 }
 
 func printScale(w io.Writer, rows []scaleRow) {
