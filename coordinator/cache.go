@@ -178,7 +178,7 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
 	b, err := lease.OpenBucket(octx, c.nc, lease.BucketConfig{Name: c.s.bucket, Replicas: c.s.replicas,
-		MarkerTTL: c.s.markerTTL, Direct: len(c.s.tenants) > 0})
+		MarkerTTL: c.s.markerTTL, Direct: len(c.s.tenants) > 0, Shards: c.s.shards})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -356,5 +357,68 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 	}
 	if err := a.Invalidate(ctx, "a.b", "m", 1); err == nil || !strings.Contains(err.Error(), "tenant") {
 		t.Fatalf("invalidation with a bad tenant: %v", err)
+	}
+}
+
+// TestShardedBucket: with the keys spread over three KV buckets, values
+// are shared, waited for and invalidated as with one; an expired value in
+// any shard is evicted (the reconciler follows every shard's stream), the
+// number of shards is the bucket's (a process without the option adopts
+// it, one with another is refused).
+func TestShardedBucket(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	a := eventCache(t, srv.ClientURL(), store, WithLeaseShards(3), WithStoreTTL(2*time.Second))
+	rec := activeReconciler(t, srv.ClientURL(), store)
+	b := eventCache(t, srv.ClientURL(), store, WithStoreTTL(2*time.Second))
+	if _, err := New(context.Background(), connect(t, srv.ClientURL()), WithLeaseShards(2), WithNode("test-node"), WithMode(ModeStrict)); !errors.Is(err, ErrStoreUnavailable) ||
+		!strings.Contains(err.Error(), "3 shards") {
+		t.Fatalf("a cache asking for 2 shards of a bucket of 3: %v", err)
+	}
+	ctx := context.Background()
+	var cnt counter
+	shards := map[int]bool{}
+	for i := range 12 {
+		shards[lease.ShardOf(ref(i).KVKey(), 3)] = true
+		if _, path, err := a.GetOrComputePath(ctx, "r", ref(i), cnt.fn(i)); err != nil || path != PathComputed {
+			t.Fatalf("a, key %d: %v %v", i, path, err)
+		}
+		if _, path, err := b.GetOrComputePath(ctx, "r", ref(i), cnt.fn(i)); err != nil || path != PathRemoteHit {
+			t.Fatalf("b, key %d: %v %v", i, path, err)
+		}
+	}
+	a.Release("r")
+	b.Release("r")
+	if len(shards) != 3 {
+		t.Fatalf("the keys landed in %d shards", len(shards))
+	}
+	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return rec.Stats().Invalidated == 12 })
+	for i := range 12 {
+		if readRecord(t, a, ref(i)).Live {
+			t.Fatalf("key %d (shard %d) outlived its invalidation", i, lease.ShardOf(ref(i).KVKey(), 3))
+		}
+	}
+	// Computed again, then left to expire: every shard's values are evicted.
+	for i := range 12 {
+		if _, err := b.GetOrCompute(ctx, "s", ref(i), cnt.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Release("s")
+	deadline := time.Now().Add(20 * time.Second)
+	for rec.Stats().Expired != 12 {
+		if time.Now().After(deadline) {
+			live := 0
+			for i := range 12 {
+				if readRecord(t, a, ref(i)).Live {
+					live++
+				}
+			}
+			t.Fatalf("reconciler %+v, %d records live", rec.Stats(), live)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -281,7 +281,7 @@ func TestUnreadableRecordIsPurged(t *testing.T) {
 func putRecord(t *testing.T, c *Cache, key string, b []byte) {
 	t.Helper()
 	ls := c.bucket()
-	if _, err := ls.KV().Put(context.Background(), key, b); err != nil {
+	if _, err := ls.KV(key).Put(context.Background(), key, b); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -40,6 +40,7 @@ type Option func(*settings) error
 type settings struct {
 	bucket         string
 	replicas       int
+	shards         int // 0: as the bucket records
 	leaseTTL       time.Duration
 	storeTTL       time.Duration
 	markerTTL      time.Duration
@@ -141,6 +142,21 @@ func WithReplicas(n int) Option {
 			return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidOption, n)
 		}
 		s.replicas = n
+		return nil
+	}
+}
+
+// WithLeaseShards spreads the bucket's keys over n KV buckets when this
+// process creates it (each a stream with its own Raft leader, so writes
+// spread over a cluster's servers): 1..lease.MaxShards. The number is
+// recorded in the bucket; a process without this option uses the
+// recorded one, and one whose n differs from it fails to open the bucket.
+func WithLeaseShards(n int) Option {
+	return func(s *settings) error {
+		if n < 1 || n > lease.MaxShards {
+			return fmt.Errorf("%w: lease shards must be 1..%d, got %d", ErrInvalidOption, lease.MaxShards, n)
+		}
+		s.shards = n
 		return nil
 	}
 }

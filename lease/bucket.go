@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/embcache/embcache/events"
@@ -30,72 +32,173 @@ type BucketConfig struct {
 	// write), but a tombstone read this way can be missed for a moment
 	// (docs/protocol.md 4.4).
 	Direct bool
+	// Shards is how many KV buckets the keys are spread over when the
+	// bucket is created (0: 1): each is a stream of its own, with its own
+	// Raft leader. The number is recorded in the first bucket's metadata
+	// and every process reads it from there; opening a bucket created with
+	// another number than a non-zero Shards is ErrShards.
+	Shards int
 }
+
+// MaxShards bounds BucketConfig.Shards.
+const MaxShards = 64
+
+// shardsMetadata is the first bucket's metadata key that records how many
+// shards there are.
+const shardsMetadata = "embcache_lease_shards"
 
 // Bucket is the protocol's view of the KV bucket: create with a TTL,
 // compare-and-set publishes that keep a per-key TTL, purges on a
-// revision, and reads answered by the stream leader. Safe for concurrent
-// use.
+// revision, and reads answered by the stream leader. Its keys may be
+// spread over several KV buckets (shards, ShardOf); every call that takes
+// a key goes to the key's shard. Safe for concurrent use.
 type Bucket struct {
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	kv  jetstream.KeyValue
-	cfg BucketConfig
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	cfg    BucketConfig
+	shards []jetstream.KeyValue // shard i is bucket ShardName(cfg.Name, i)
 }
 
-// OpenBucket binds the bucket cfg names, creating it if it is absent.
+// ShardName is the KV bucket of shard i of the bucket name: name itself
+// for shard 0, name_<i> for the others.
+func ShardName(name string, i int) string {
+	if i == 0 {
+		return name
+	}
+	return name + "_" + strconv.Itoa(i)
+}
+
+// ShardOf is the shard of a bucket key among k shards: for a value's key,
+// <tenant>.<64 hex>, the key's first byte modulo k (keys are BLAKE3
+// digests, so shards fill evenly); every other key (tombstones, the
+// reconcilers' election) is in shard 0.
+func ShardOf(key string, k int) int {
+	if k <= 1 {
+		return 0
+	}
+	_, hexKey, ok := strings.Cut(key, ".")
+	if !ok || len(hexKey) != 64 {
+		return 0
+	}
+	v, err := strconv.ParseUint(hexKey[:2], 16, 8)
+	if err != nil {
+		return 0
+	}
+	return int(v) % k
+}
+
+// OpenBucket binds the bucket cfg names, creating it (and its shards) if
+// it is absent.
 func OpenBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig) (*Bucket, error) {
+	return openBucket(ctx, nc, cfg, true)
+}
+
+// BindBucket binds the bucket cfg names and its shards; it is an error if
+// one is absent.
+func BindBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig) (*Bucket, error) {
+	return openBucket(ctx, nc, cfg, false)
+}
+
+func openBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create bool) (*Bucket, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("lease: no bucket name")
+	}
+	if cfg.Shards < 0 || cfg.Shards > MaxShards {
+		return nil, fmt.Errorf("%w: %d shards, want 1..%d", ErrShards, cfg.Shards, MaxShards)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.KeyValue(ctx, cfg.Name)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:         cfg.Name,
+	first, err := bindOrCreate(ctx, js, cfg, 0, create)
+	if err != nil {
+		return nil, err
+	}
+	st, err := first.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
+	}
+	k := 1
+	if v, ok := st.Metadata()[shardsMetadata]; ok {
+		if k, err = strconv.Atoi(v); err != nil || k < 1 || k > MaxShards {
+			return nil, fmt.Errorf("%w: bucket %s records %q shards", ErrShards, cfg.Name, v)
+		}
+	}
+	if cfg.Shards != 0 && cfg.Shards != k {
+		return nil, fmt.Errorf("%w: bucket %s was created with %d shards, not %d", ErrShards, cfg.Name, k, cfg.Shards)
+	}
+	cfg.Shards = k
+	b := &Bucket{nc: nc, js: js, cfg: cfg, shards: []jetstream.KeyValue{first}}
+	for i := 1; i < k; i++ {
+		kv, err := bindOrCreate(ctx, js, cfg, i, create)
+		if err != nil {
+			return nil, err
+		}
+		b.shards = append(b.shards, kv)
+	}
+	return b, nil
+}
+
+// bindOrCreate binds shard i of cfg's bucket, creating it if asked and
+// absent (the first with the number of shards in its metadata).
+func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig, i int, create bool) (jetstream.KeyValue, error) {
+	name := ShardName(cfg.Name, i)
+	kv, err := js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && create {
+		kcfg := jetstream.KeyValueConfig{
+			Bucket:         name,
 			Description:    "embcache leases and committed records",
 			History:        1,
 			Storage:        jetstream.FileStorage,
 			Replicas:       max(1, cfg.Replicas),
 			LimitMarkerTTL: cfg.MarkerTTL,
-		})
+		}
+		if i == 0 && cfg.Shards > 1 {
+			kcfg.Metadata = map[string]string{shardsMetadata: strconv.Itoa(cfg.Shards)}
+		}
+		kv, err = js.CreateKeyValue(ctx, kcfg)
 		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, cfg.Name) // created by another process meanwhile
+			kv, err = js.KeyValue(ctx, name) // created by another process meanwhile
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
 	}
-	return &Bucket{nc: nc, js: js, kv: kv, cfg: cfg}, nil
+	return kv, nil
 }
 
-// BindBucket binds the bucket cfg names; it is an error if it is absent.
-func BindBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig) (*Bucket, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	kv, err := js.KeyValue(ctx, cfg.Name)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
-	}
-	return &Bucket{nc: nc, js: js, kv: kv, cfg: cfg}, nil
-}
+// KV is the jetstream handle of the shard that holds key, for reading it
+// as it is stored.
+func (b *Bucket) KV(key string) jetstream.KeyValue { return b.shards[ShardOf(key, len(b.shards))] }
 
-// KV is the bucket's jetstream handle, for watching and listing keys.
-func (b *Bucket) KV() jetstream.KeyValue { return b.kv }
+// Shards are the jetstream handles of every shard, in shard order, for
+// watching and listing keys.
+func (b *Bucket) Shards() []jetstream.KeyValue { return slices.Clone(b.shards) }
 
-// Name is the bucket's name.
+// Name is the bucket's name (its first shard's).
 func (b *Bucket) Name() string { return b.cfg.Name }
 
 // Direct reports whether reads may be answered by any replica
 // (BucketConfig.Direct).
 func (b *Bucket) Direct() bool { return b.cfg.Direct }
 
-func (b *Bucket) subject(key string) string { return "$KV." + b.cfg.Name + "." + key }
+// shardName is the KV bucket that holds key.
+func (b *Bucket) shardName(key string) string {
+	return ShardName(b.cfg.Name, ShardOf(key, len(b.shards)))
+}
+
+func (b *Bucket) subject(key string) string { return "$KV." + b.shardName(key) + "." + key }
+
+// KeyOfSubject is the bucket key a message on a shard's subject is about:
+// $KV.<bucket>.<key>.
+func KeyOfSubject(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, "$KV.")
+	if !ok {
+		return "", false
+	}
+	_, key, ok := strings.Cut(rest, ".")
+	return key, ok
+}
 
 // Create writes r under key if the key has no live value, with a per-key
 // TTL. It returns the revision; ErrHeld means someone else has the key.
@@ -104,7 +207,7 @@ func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Dura
 	if err != nil {
 		return 0, err
 	}
-	rev, err := b.kv.Create(ctx, key, data, jetstream.KeyTTL(wholeSeconds(ttl)))
+	rev, err := b.KV(key).Create(ctx, key, data, jetstream.KeyTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
 			return 0, fmt.Errorf("%w: %s", ErrHeld, key)
@@ -137,7 +240,7 @@ func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Re
 // Purge removes the key if it is still at rev, leaving a marker that
 // expires after markerTTL. A key already past rev is ErrLost.
 func (b *Bucket) Purge(ctx context.Context, key string, rev uint64) error {
-	err := b.kv.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(b.cfg.MarkerTTL))
+	err := b.KV(key).Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(b.cfg.MarkerTTL))
 	if err != nil && isConflict(err) {
 		return fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
 	}
@@ -214,7 +317,7 @@ func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
 		return b.readDirect(ctx, key)
 	}
 	req, _ := json.Marshal(map[string]string{"last_by_subj": b.subject(key)})
-	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.cfg.Name, req)
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.shardName(key), req)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -262,7 +365,7 @@ func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
 // $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>.
 func (b *Bucket) readDirect(ctx context.Context, key string) (Entry, error) {
 	subject := b.subject(key)
-	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.cfg.Name+"."+subject, nil)
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.shardName(key)+"."+subject, nil)
 	if err != nil {
 		return Entry{}, err
 	}

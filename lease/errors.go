@@ -19,6 +19,10 @@ var (
 	// ErrInvalidConfig is returned by Acquire for a Config it cannot hold
 	// a lease with.
 	ErrInvalidConfig = errors.New("lease: invalid config")
+	// ErrShards is returned by OpenBucket and BindBucket for a number of
+	// shards out of range, or other than the one the bucket was created
+	// with.
+	ErrShards = errors.New("lease: shards")
 )
 
 // ErrLate is returned by Acquire for a create acknowledged after its own

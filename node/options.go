@@ -72,6 +72,7 @@ type Options struct {
 
 	Bucket       string        // the lease bucket (default lease.DefaultBucket)
 	Replicas     int           // of the bucket and stream when this node creates them (0: the coordinator's default)
+	LeaseShards  int           // KV buckets the keys spread over when this node creates the bucket (0: as the bucket records, 1 if new)
 	LeaseTTL     time.Duration // 0: the coordinator's default
 	StoreTTL     time.Duration // committed record TTL (0: the coordinator's default)
 	PayloadSweep time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
@@ -176,6 +177,9 @@ func (o *Options) cacheOptions() []coordinator.Option {
 	if o.Replicas != 0 {
 		opts = append(opts, coordinator.WithReplicas(o.Replicas))
 	}
+	if o.LeaseShards != 0 {
+		opts = append(opts, coordinator.WithLeaseShards(o.LeaseShards))
+	}
 	if o.LeaseTTL != 0 {
 		opts = append(opts, coordinator.WithLeaseTTL(o.LeaseTTL))
 	}
@@ -205,6 +209,9 @@ func (o *Options) reconcilerOptions() []reconciler.Option {
 	}
 	if o.Replicas != 0 {
 		opts = append(opts, reconciler.WithReplicas(o.Replicas))
+	}
+	if o.LeaseShards != 0 {
+		opts = append(opts, reconciler.WithLeaseShards(o.LeaseShards))
 	}
 	if o.LeaseTTL != 0 {
 		opts = append(opts, reconciler.WithLeaseTTL(o.LeaseTTL))

@@ -28,6 +28,7 @@ type Deleter interface {
 type settings struct {
 	bucket        string
 	replicas      int
+	shards        int // 0: as the bucket records
 	leaseTTL      time.Duration
 	markerTTL     time.Duration
 	opTimeout     time.Duration
@@ -78,6 +79,19 @@ func WithReplicas(n int) Option {
 			return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidOption, n)
 		}
 		s.replicas = n
+		return nil
+	}
+}
+
+// WithLeaseShards spreads the bucket's keys over n KV buckets when this
+// reconciler creates it (coordinator.WithLeaseShards says more); without
+// it, the number the bucket records.
+func WithLeaseShards(n int) Option {
+	return func(s *settings) error {
+		if n < 1 || n > lease.MaxShards {
+			return fmt.Errorf("%w: lease shards must be 1..%d, got %d", ErrInvalidOption, lease.MaxShards, n)
+		}
+		s.shards = n
 		return nil
 	}
 }

@@ -170,7 +170,7 @@ func (r *Reconciler) bucket(ctx context.Context) (*lease.Bucket, error) {
 	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
 		return nil, err
 	}
-	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL})
+	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
 }
 
 // campaign tries once to take the election key: the election is a lease
@@ -248,7 +248,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	if sweep {
 		start = time.Now()
 	}
-	changes, stop, err := watchBucket(ctx, r.js, b.Name(), start)
+	changes, stop, err := watchBucket(ctx, r.js, b, start)
 	if err != nil {
 		return err
 	}
@@ -263,7 +263,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		case fn := <-work:
 			fn()
 		case m := <-changes:
-			key := strings.TrimPrefix(m.Subject(), "$KV."+b.Name()+".")
+			key, _ := lease.KeyOfSubject(m.Subject())
 			h := m.Headers()
 			switch {
 			case !strings.Contains(key, "."): // the election's, or another key of no value
@@ -278,26 +278,41 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	}
 }
 
-// watchBucket delivers every message of the bucket's stream from start
-// on, in order (an ordered consumer, which resumes where it was after a
-// stall or a leader change), until stop.
-func watchBucket(ctx context.Context, js jetstream.JetStream, bucket string, start time.Time) (<-chan jetstream.Msg, func(), error) {
-	cons, err := js.OrderedConsumer(ctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
-	if err != nil {
-		return nil, nil, err
-	}
+// watchBucket delivers every message of the bucket's shards' streams from
+// start on, in order within each shard (an ordered consumer per shard,
+// which resumes where it was after a stall or a leader change), until
+// stop.
+func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, start time.Time) (<-chan jetstream.Msg, func(), error) {
 	ch := make(chan jetstream.Msg, 256)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case ch <- m:
-		case <-ctx.Done():
+	quit := make(chan struct{}) // closed by stop: a handler waiting on ch gives up
+	var running []jetstream.ConsumeContext
+	stop := func() {
+		close(quit)
+		for _, cc := range running {
+			cc.Stop()
+			<-cc.Closed()
 		}
-	})
-	if err != nil {
-		return nil, nil, err
 	}
-	return ch, func() { cc.Stop(); <-cc.Closed() }, nil
+	for _, kv := range b.Shards() {
+		cons, err := js.OrderedConsumer(ctx, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			select {
+			case ch <- m:
+			case <-quit:
+			}
+		})
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		running = append(running, cc)
+	}
+	return ch, stop, nil
 }
 
 // applyTouch extends the committed record's TTL to the touch's expiry.
@@ -360,7 +375,9 @@ type expirer struct {
 // node that wrote the payload. What the value was (its location, model and
 // epoch) comes from its last published or touched event; a key whose last
 // such event is followed by an evicted or abandoned one (announced
-// already, or a compute that failed) has nothing to evict. known, if set,
+// already, or a compute that failed), or whose record names that value
+// again (committed since the message that sent us here), has nothing to
+// evict. known, if set,
 // stands in for a value the stream has no event of (a record the
 // reconciler purged itself). A payload found corrupt is left to the reader
 // that found it (its store removes a corrupt file; a recompute may
@@ -383,6 +400,19 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 		entry, live = *known, true
 	}
 	if !live {
+		return
+	}
+	// The message that sent us here may be older than the value's last
+	// events: a purge's marker read after the key was committed again.
+	// The value is gone only if no record names it now.
+	octx, cancel = context.WithTimeout(ctx, r.s.opTimeout)
+	cur, err := r.read(octx, x.b, kvKey)
+	cancel()
+	if err != nil {
+		r.s.logger.Warn("embcache: eviction not announced: the record is unreadable", "key", kvKey, "err", err)
+		return
+	}
+	if cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == entry.Location.Checksum.String() {
 		return
 	}
 	loc := entry.Location
@@ -482,14 +512,22 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events
 	if tomb == 0 {
 		tomb = math.MaxUint64
 	}
-	lister, err := b.KV().ListKeysFiltered(ctx, e.Tenant+".>")
+	for _, kv := range b.Shards() {
+		r.invalidateShard(ctx, x, kv, tomb, e)
+	}
+}
+
+// invalidateShard carries out an invalidation in one shard: one key at a
+// time, as the lister delivers them, so nothing is held of the tenant's
+// keys.
+func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstream.KeyValue, tomb uint64, e events.Event) {
+	b := x.b
+	lister, err := kv.ListKeysFiltered(ctx, e.Tenant+".>")
 	if err != nil {
-		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "err", err)
+		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "bucket", kv.Bucket(), "err", err)
 		return
 	}
 	defer lister.Stop()
-	// One key at a time, as the lister delivers them: nothing is held of
-	// the tenant's keys.
 	for key := range lister.Keys() {
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 		cur, err := r.read(octx, b, key)

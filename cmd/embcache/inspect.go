@@ -51,17 +51,17 @@ func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
-// bucket connects and opens the lease bucket; close releases both.
-func (c *connFlags) bucket(ctx context.Context) (kv jetstream.KeyValue, close func(), err error) {
-	nc, js, err := c.connect()
+// bucket connects and binds the lease bucket; close releases both.
+func (c *connFlags) bucket(ctx context.Context) (b *lease.Bucket, close func(), err error) {
+	nc, _, err := c.connect()
 	if err != nil {
 		return nil, nil, err
 	}
-	if kv, err = inspect.Bucket(ctx, js); err != nil {
+	if b, err = inspect.Bucket(ctx, nc); err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
-	return kv, nc.Close, nil
+	return b, nc.Close, nil
 }
 
 func newLeases() *cobra.Command {
@@ -224,7 +224,11 @@ func newStats() *cobra.Command {
 			}
 			w := cmd.OutOrStdout()
 			if b := sum.Bucket; b != nil {
-				fmt.Fprintf(w, "bucket   %s: %d messages (records, tombstones and markers), %d bytes, %d replicas\n", b.Name, b.Values, b.Bytes, b.Replicas)
+				fmt.Fprintf(w, "bucket   %s: %d messages (records, tombstones and markers), %d bytes, %d replicas", b.Name, b.Values, b.Bytes, b.Replicas)
+				if b.Shards > 1 {
+					fmt.Fprintf(w, ", %d shards", b.Shards)
+				}
+				fmt.Fprintln(w)
 			}
 			if e := sum.Events; e != nil {
 				fmt.Fprintf(w, "events   %s: %d messages, %d bytes\n", e.Stream, e.Messages, e.Bytes)

@@ -47,6 +47,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.StringVar(&o.PayloadListen, "payload-listen", "", "serve payloads over HTTP on this address (for other nodes)")
 	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token for payload pulls ($EMBCACHE_PAYLOAD_TOKEN)")
 	fs.IntVar(&o.Replicas, "replicas", 1, replicasHelp)
+	fs.IntVar(&o.LeaseShards, "lease-shards", 0, "KV buckets the lease keys spread over, when this process creates the bucket (0: as the bucket records; 1 for a new one)")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
 	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL")
 	m := &o.Mooncake

@@ -12,40 +12,39 @@ import (
 
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrNoRecord is returned by Record for a key the bucket does not hold.
 var ErrNoRecord = errors.New("inspect: no such lease or record")
 
-// Bucket opens the lease bucket.
-func Bucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, lease.DefaultBucket)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", lease.DefaultBucket, err)
-	}
-	return kv, nil
+// Bucket binds the lease bucket and its shards.
+func Bucket(ctx context.Context, nc *nats.Conn) (*lease.Bucket, error) {
+	return lease.BindBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket})
 }
 
-// Keys returns the first limit of the bucket's keys in sorted order (of
-// one tenant if tenant is not ""; every key if limit is 0) and how many
-// there are: it holds at most 2 x limit keys at a time, whatever the
-// bucket's size.
-func Keys(ctx context.Context, kv jetstream.KeyValue, tenant string, limit int) (keys []string, total int, err error) {
+// Keys returns the first limit of the bucket's keys in sorted order, over
+// every shard (of one tenant if tenant is not ""; every key if limit is
+// 0), and how many there are: it holds at most 2 x limit keys at a time,
+// whatever the bucket's size.
+func Keys(ctx context.Context, b *lease.Bucket, tenant string, limit int) (keys []string, total int, err error) {
 	filter := ">"
 	if tenant != "" {
 		filter = tenant + ".>"
 	}
-	lister, err := kv.ListKeysFiltered(ctx, filter)
-	if err != nil {
-		return nil, 0, err
-	}
-	for k := range lister.Keys() {
-		total++
-		keys = append(keys, k)
-		if limit > 0 && len(keys) >= 2*limit {
-			slices.Sort(keys)
-			keys = keys[:limit]
+	for _, kv := range b.Shards() {
+		lister, err := kv.ListKeysFiltered(ctx, filter)
+		if err != nil {
+			return nil, 0, err
+		}
+		for k := range lister.Keys() {
+			total++
+			keys = append(keys, k)
+			if limit > 0 && len(keys) >= 2*limit {
+				slices.Sort(keys)
+				keys = keys[:limit]
+			}
 		}
 	}
 	slices.Sort(keys)
@@ -55,11 +54,11 @@ func Keys(ctx context.Context, kv jetstream.KeyValue, tenant string, limit int) 
 	return keys, total, nil
 }
 
-// Record returns the value under key as it is stored, and its revision;
-// ErrNoRecord if there is none. Whether it decodes is lease.DecodeRecord's
-// to say.
-func Record(ctx context.Context, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
-	e, err := kv.Get(ctx, key)
+// Record returns the value under key as it is stored (in the key's shard),
+// and its revision; ErrNoRecord if there is none. Whether it decodes is
+// lease.DecodeRecord's to say.
+func Record(ctx context.Context, b *lease.Bucket, key string) ([]byte, uint64, error) {
+	e, err := b.KV(key).Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, fmt.Errorf("%w: %s", ErrNoRecord, key)
 	}
@@ -81,9 +80,10 @@ type Summary struct {
 	UndecodableEvents *int `json:"undecodable_events,omitempty"`
 }
 
-// BucketSummary is the lease bucket's size.
+// BucketSummary is the lease bucket's size, over its shards.
 type BucketSummary struct {
 	Name     string `json:"name"`
+	Shards   int    `json:"shards"`
 	Values   uint64 `json:"values"`
 	Bytes    uint64 `json:"bytes"`
 	Replicas int    `json:"replicas"`
@@ -103,14 +103,19 @@ type StreamSummary struct {
 // 200 MB per million values).
 func Summarize(ctx context.Context, js jetstream.JetStream, live bool) (Summary, error) {
 	var s Summary
-	if kv, err := js.KeyValue(ctx, lease.DefaultBucket); err == nil {
-		st, err := kv.Status(ctx)
-		if err != nil {
-			return s, err
-		}
-		s.Bucket = &BucketSummary{Name: st.Bucket(), Values: st.Values(), Bytes: st.Bytes()}
-		if ks, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-			s.Bucket.Replicas = ks.StreamInfo().Config.Replicas
+	if b, err := Bucket(ctx, js.Conn()); err == nil {
+		s.Bucket = &BucketSummary{Name: b.Name()}
+		for _, kv := range b.Shards() {
+			st, err := kv.Status(ctx)
+			if err != nil {
+				return s, err
+			}
+			s.Bucket.Shards++
+			s.Bucket.Values += st.Values()
+			s.Bucket.Bytes += st.Bytes()
+			if ks, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+				s.Bucket.Replicas = ks.StreamInfo().Config.Replicas
+			}
 		}
 	}
 	stream, err := js.Stream(ctx, events.StreamName)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,40 +24,45 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	nc := natstest.Conn(t)
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	if _, err := inspect.Bucket(ctx, js); err == nil {
+	if _, err := inspect.Bucket(ctx, nc); err == nil {
 		t.Fatal("a bucket before any was created")
 	}
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket})
+	// Three shards: the keys land in 1, 2 and 0 (their first byte mod 3).
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Shards: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"beta.2", "acme.9", "acme.1"} {
-		if _, err := b.KV().Put(ctx, k, []byte(`{}`)); err != nil {
+	beta2, acme9, acme1 := "beta."+strings.Repeat("01", 32), "acme."+strings.Repeat("aa", 32), "acme."+strings.Repeat("03", 32)
+	for i, k := range []string{beta2, acme9, acme1} {
+		if got := lease.ShardOf(k, 3); got != []int{1, 2, 0}[i] {
+			t.Fatalf("%s in shard %d", k, got)
+		}
+		if _, err := b.KV(k).Put(ctx, k, []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	kv, err := inspect.Bucket(ctx, js)
+	kv, err := inspect.Bucket(ctx, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if keys, n, err := inspect.Keys(ctx, kv, "", 0); err != nil || n != 3 || !slices.Equal(keys, []string{"acme.1", "acme.9", "beta.2"}) {
+	if keys, n, err := inspect.Keys(ctx, kv, "", 0); err != nil || n != 3 || !slices.Equal(keys, []string{acme1, acme9, beta2}) {
 		t.Fatalf("keys %v %d %v", keys, n, err)
 	}
-	if keys, n, err := inspect.Keys(ctx, kv, "acme", 0); err != nil || n != 2 || !slices.Equal(keys, []string{"acme.1", "acme.9"}) {
+	if keys, n, err := inspect.Keys(ctx, kv, "acme", 0); err != nil || n != 2 || !slices.Equal(keys, []string{acme1, acme9}) {
 		t.Fatalf("acme's keys %v %d %v", keys, n, err)
 	}
-	if keys, n, err := inspect.Keys(ctx, kv, "", 1); err != nil || n != 3 || !slices.Equal(keys, []string{"acme.1"}) {
+	if keys, n, err := inspect.Keys(ctx, kv, "", 1); err != nil || n != 3 || !slices.Equal(keys, []string{acme1}) {
 		t.Fatalf("the first key %v of %d: %v", keys, n, err)
 	}
-	if v, rev, err := inspect.Record(ctx, kv, "beta.2"); err != nil || string(v) != "{}" || rev != 1 {
+	if v, rev, err := inspect.Record(ctx, kv, beta2); err != nil || string(v) != "{}" || rev != 1 {
 		t.Fatalf("record %q at %d: %v", v, rev, err)
 	}
-	if _, _, err := inspect.Record(ctx, kv, "beta.3"); !errors.Is(err, inspect.ErrNoRecord) {
+	if _, _, err := inspect.Record(ctx, kv, "beta."+strings.Repeat("02", 32)); !errors.Is(err, inspect.ErrNoRecord) {
 		t.Fatalf("a missing record: %v", err)
 	}
 
 	sum, err := inspect.Summarize(ctx, js, true)
-	if err != nil || sum.Bucket == nil || sum.Bucket.Values != 3 || sum.Events != nil || sum.LiveValues != nil {
+	if err != nil || sum.Bucket == nil || sum.Bucket.Values != 3 || sum.Bucket.Shards != 3 || sum.Events != nil || sum.LiveValues != nil {
 		t.Fatalf("without the stream: %+v %v", sum, err)
 	}
 	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
