@@ -143,7 +143,7 @@ func benchRecordsOne(ctx context.Context, self string, n int) (recordsRow, error
 	if sum.LiveValues == nil || *sum.LiveValues != n {
 		return row, fmt.Errorf("stats --live counted %v live values, want %d", sum.LiveValues, n)
 	}
-	kv, err := inspect.Bucket(ctx, js)
+	kv, err := inspect.Bucket(ctx, nc)
 	if err != nil {
 		return row, err
 	}
