@@ -57,13 +57,14 @@ test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
-## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change; a failed schedule prints the -faults.seed that replays it.
+## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change, FAULT_FLAGS for more (-faults.shards 3, -faults.nomarkers); a failed schedule prints the -faults.seed that replays it.
 FAULT_SCHEDULES ?= 200
 FAULT_PARALLEL  ?= 3
+FAULT_FLAGS     ?=
 FAULT_TIMEOUT   ?= 180m
 test-faults:
 	set -o pipefail; $(GO) test -race -count=1 -timeout $(FAULT_TIMEOUT) -run '^TestFaults$$' ./integration/ \
-		-faults.schedules $(FAULT_SCHEDULES) -faults.parallel $(FAULT_PARALLEL) -v \
+		-faults.schedules $(FAULT_SCHEDULES) -faults.parallel $(FAULT_PARALLEL) $(FAULT_FLAGS) -v \
 		| grep -E '^(fault schedules|--- |ok|FAIL)|^ +--- FAIL|faults_test'
 
 ## bench: every suite of bin/embcache-bench (the Redis peer's redis-server is installed first); JSON in bench.json.

@@ -60,6 +60,7 @@ var (
 	faultSeed      = flag.Uint64("faults.seed", 0, "run only the schedule with this seed")
 	faultBase      = flag.Uint64("faults.base", 0, "schedule i runs seed base+i (0: a random base per run)")
 	faultNoMarkers = flag.Bool("faults.nomarkers", false, "create the lease bucket without subject delete markers (docs/protocol.md 3.2)")
+	faultShards    = flag.Int("faults.shards", 1, "create the lease bucket with this many shards (lease.BucketConfig.Shards); the workers adopt them")
 )
 
 const (
@@ -410,6 +411,9 @@ func (r *faultRun) report(t *testing.T, wall time.Duration) {
 	if *faultNoMarkers {
 		bucket = "no markers"
 	}
+	if *faultShards > 1 {
+		bucket += fmt.Sprintf(", %d shards", *faultShards)
+	}
 	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, bucket: %s, faults: %s, keys: %d, values served: %d, "+
 		"errors retried: %d, commits refused: %d, setup-failed (re-run): %d, violations: %d, wall time: %s",
 		total.schedules, r.base, bucket, strings.Join(kinds, " "), total.keys, total.served, total.errors,
@@ -505,6 +509,11 @@ func (s *schedule) setUp() error {
 			return setupErrorf("bucket without markers: %w", err)
 		}
 	}
+	if *faultShards > 1 {
+		if err := createShardedBucket(ctx, cl, *faultShards); err != nil {
+			return setupErrorf("sharded bucket: %w", err)
+		}
+	}
 	if s.shmDir, err = os.MkdirTemp("/dev/shm", "embcache-faults-"); err != nil {
 		s.shmDir = s.t.TempDir()
 	}
@@ -528,6 +537,20 @@ func createNoMarkerBucket(ctx context.Context, cl *embedded.Cluster) error {
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil
 		}
+		return err
+	})
+}
+
+// createShardedBucket creates the lease bucket with k shards before any
+// worker starts: they read the number from the bucket.
+func createShardedBucket(ctx context.Context, cl *embedded.Cluster, k int) error {
+	nc, err := cl.Connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	return retry(ctx, func() error {
+		_, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: k})
 		return err
 	})
 }
