@@ -59,10 +59,11 @@ const (
 	actionInvalidate                  // a committed record removed by an invalidation
 	actionDeletePayload               // a payload removed
 	actionSweep                       // a pass over the values the events know, done (after a gap in the markers)
+	actionMoveLeader                  // a lease shard's leader asked to move to a server that leads fewer
 	numActions
 )
 
-var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep"}
+var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader"}
 
 // String returns the action's name as the metrics label it.
 func (a action) String() string {
@@ -87,6 +88,7 @@ type Stats struct {
 	Invalidated    uint64 // records removed by invalidations
 	PayloadDeletes uint64 // payloads removed
 	Sweeps         uint64 // passes over every value the events know, finished
+	LeaderMoves    uint64 // lease shard leaders asked to move (SpreadLeaders)
 	Active         bool
 }
 
@@ -122,7 +124,7 @@ func (r *Reconciler) Stats() Stats {
 	n := func(a action) uint64 { return r.stats.actions[a].Load() }
 	return Stats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
 		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
-		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), Active: r.stats.active.Load()}
+		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), LeaderMoves: n(actionMoveLeader), Active: r.stats.active.Load()}
 }
 
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
@@ -256,10 +258,15 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	if sweep {
 		r.sweep(ctx, x)
 	}
+	r.spreadLeaders(ctx, b)
+	spread := time.NewTicker(spreadEvery)
+	defer spread.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return el.Err()
+		case <-spread.C:
+			r.spreadLeaders(ctx, b)
 		case fn := <-work:
 			fn()
 		case m := <-changes:
@@ -275,6 +282,27 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 				}
 			}
 		}
+	}
+}
+
+// spreadEvery is how often the active reconciler looks whether the lease
+// shards' leaders share servers (after a server's restart they gather on
+// the others).
+const spreadEvery = 5 * time.Minute
+
+// spreadLeaders moves lease shard leaders that share a server to servers
+// that lead fewer (lease.Bucket.SpreadLeaders).
+func (r *Reconciler) spreadLeaders(ctx context.Context, b *lease.Bucket) {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	moved, err := b.SpreadLeaders(octx)
+	for range moved {
+		r.did(actionMoveLeader)
+	}
+	if err != nil {
+		r.s.logger.Warn("embcache: lease shard leaders not spread", "err", err)
+	} else if moved > 0 {
+		r.s.logger.Info("embcache: lease shard leaders spread", "moved", moved)
 	}
 }
 

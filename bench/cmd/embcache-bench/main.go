@@ -119,6 +119,10 @@ func newRoot() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "\nscale: embcache R1, 2 goroutines a process, 16 KiB values, 1 ms encoder")
 				printScale(cmd.OutOrStdout(), scale.Processes)
 			}
+			if len(scale.Shards) > 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "\nscale: misses of embcache R3 on a 3-node embedded cluster, 4 processes x 4 goroutines, 16 KiB values, no encoder time")
+				printShards(cmd.OutOrStdout(), scale.Shards)
+			}
 			if len(scale.Records) > 0 {
 				fmt.Fprintln(cmd.OutOrStdout(), "\nscale: committed records (each process measured is a new one; records written with SyncAlways off)")
 				printRecords(cmd.OutOrStdout(), scale.Records)

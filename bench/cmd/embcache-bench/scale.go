@@ -1,31 +1,43 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/lease"
 	"github.com/spf13/pflag"
 )
 
 // The scale suite (issue 17): how the NATS traffic of embcache R1 grows
-// with the number of processes. Each process is a real one (the workload
-// suite's workers), the values are small (16 KiB) and the encoder fast, so
-// the messages, not the CPU, are what is measured.
+// with the number of processes, how misses scale with lease shards on a
+// 3-node cluster, and what a million records cost (records.go). Each
+// process is a real one (the workload suite's workers), the values are
+// small (16 KiB) and the encoder fast, so the messages, not the CPU, are
+// what is measured.
 
 // scaleFlags size the scale suite.
 type scaleFlags struct {
 	procs            string
 	requests, unique int
 	records          string
+	shards           string
+	shardRequests    int
 }
 
 func (s *scaleFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&s.procs, "scale-procs", "2,4,8,16,32", "scale: process counts, comma-separated")
 	fs.IntVar(&s.requests, "scale-requests", 4000, "scale: requests in all, per process count")
 	fs.IntVar(&s.unique, "scale-unique", 4000, "scale: unique inputs (Zipf 1.1)")
+	fs.StringVar(&s.shards, "scale-shards", "1,3", "scale: lease shard counts for the miss throughput on a 3-node cluster, comma-separated (empty: none)")
+	fs.IntVar(&s.shardRequests, "scale-shard-requests", 2000, "scale: misses per shard count's run")
 	fs.StringVar(&s.records, "scale-records", "10000,100000,1000000", "scale: committed record counts for the join, reconciler and inspection figures, comma-separated (empty: none)")
 }
 
@@ -43,32 +55,88 @@ type scaleRow struct {
 	Errors              int     `json:"errors"`
 }
 
-func (s scaleFlags) counts(quick bool) (procs, records []int, _ scaleFlags, _ error) {
+func (s scaleFlags) counts(quick bool) (procs, records, shards []int, _ scaleFlags, _ error) {
 	if quick {
-		s.procs, s.requests, s.unique, s.records = "2,4", 80, 40, "1000"
+		s.procs, s.requests, s.unique, s.records, s.shards, s.shardRequests = "2,4", 80, 40, "1000", "1,3", 80
 	}
 	procs, err := parseCounts("scale-procs", s.procs)
 	if err != nil {
-		return nil, nil, s, err
+		return nil, nil, nil, s, err
 	}
 	if records, err = parseCounts("scale-records", s.records); err != nil {
-		return nil, nil, s, err
+		return nil, nil, nil, s, err
 	}
-	if s.unique < 1 || s.requests < s.unique {
-		return nil, nil, s, usagef("scale: need unique >= 1 and requests >= unique")
+	if shards, err = parseCounts("scale-shards", s.shards); err != nil {
+		return nil, nil, nil, s, err
 	}
-	return procs, records, s, nil
+	if s.unique < 1 || s.requests < s.unique || s.shardRequests < 1 {
+		return nil, nil, nil, s, usagef("scale: need unique >= 1, requests >= unique and shard requests >= 1")
+	}
+	return procs, records, shards, s, nil
+}
+
+// shardRow is one shard count's miss throughput on a 3-node cluster: the
+// median of three runs.
+type shardRow struct {
+	Shards       int       `json:"shards"`
+	Procs        int       `json:"procs"`
+	Misses       int       `json:"misses"`
+	MissesPerSec float64   `json:"misses_per_s"`
+	RunsPerSec   []float64 `json:"runs_misses_per_s"`
+	P50ms        float64   `json:"p50_ms"`
+	Leaders      []string  `json:"leaders"` // of each shard, in the median run
+	Errors       int       `json:"errors"`
+}
+
+// benchShards measures misses (every request a new key, no encoder time)
+// of embcache R3 on a 3-node embedded cluster with the lease bucket in
+// each number of shards.
+func benchShards(ctx context.Context, self string, shards []int, requests int, log io.Writer) ([]shardRow, error) {
+	var rows []shardRow
+	for _, k := range shards {
+		fmt.Fprintf(log, "scale: %d lease shards on 3 nodes ...\n", k)
+		wf := workloadFlags{procs: 4, goroutines: 4, unique: requests, requests: requests, zipf: 1.1,
+			encodeMS: 0, embedMB: 1.0 / 64, systems: sysEmbcacheR3, rounds: 1, shards: k}
+		var runs []workloadRow
+		for range 3 {
+			w, err := runSystem(ctx, self, sysEmbcacheR3, wf)
+			if err != nil {
+				return rows, fmt.Errorf("%d shards: %w", k, err)
+			}
+			runs = append(runs, w)
+		}
+		slices.SortFunc(runs, func(a, b workloadRow) int { return cmp.Compare(a.RequestsPerSec, b.RequestsPerSec) })
+		m := runs[1]
+		row := shardRow{Shards: k, Procs: wf.procs, Misses: m.Forwards, MissesPerSec: m.RequestsPerSec, P50ms: m.P50ms,
+			Leaders: m.Leaders, Errors: m.Errors}
+		for _, r := range runs {
+			row.RunsPerSec = append(row.RunsPerSec, r.RequestsPerSec)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func printShards(w io.Writer, rows []shardRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "shards	processes	misses	misses/s (median of 3)	runs	p50 ms	shard leaders	errors")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%s\t%d\n", r.Shards, r.Procs, r.Misses, r.MissesPerSec, r.RunsPerSec,
+			r.P50ms, strings.Join(r.Leaders, ","), r.Errors)
+	}
+	tw.Flush()
 }
 
 // scaleResult is the scale suite's figures.
 type scaleResult struct {
 	Processes []scaleRow   `json:"processes"`
+	Shards    []shardRow   `json:"shards"`
 	Records   []recordsRow `json:"records"`
 }
 
 func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (scaleResult, error) {
 	var res scaleResult
-	counts, records, sf, err := sf.counts(quick)
+	counts, records, shards, sf, err := sf.counts(quick)
 	if err != nil {
 		return res, err
 	}
@@ -93,6 +161,9 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 		}
 		res.Processes = append(res.Processes, row)
 	}
+	if res.Shards, err = benchShards(ctx, self, shards, sf.shardRequests, log); err != nil {
+		return res, err
+	}
 	res.Records, err = benchRecords(ctx, records, log)
 	return res, err
 }
@@ -105,4 +176,51 @@ func printScale(w io.Writer, rows []scaleRow) {
 			r.DeliveredPerRequest, r.DeliveredPerForward, r.RequestsPerSec, r.Errors)
 	}
 	tw.Flush()
+}
+
+// createShards creates the lease bucket on cl with k shards (R3) and
+// spreads their leaders over the servers, once they are elected.
+func createShards(ctx context.Context, cl *embedded.Cluster, k int) error {
+	nc, err := cl.Connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var b *lease.Bucket
+	for {
+		if b, err = lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: k}); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // a new cluster's meta leader is being elected
+	}
+	for slices.Contains(b.Leaders(ctx), "") {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(50 * time.Millisecond) // the shards' groups are electing
+	}
+	if _, err := b.SpreadLeaders(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// shardLeaders names the server that leads each shard of the lease bucket
+// on cl, in shard order ("" where it cannot be read).
+func shardLeaders(ctx context.Context, cl *embedded.Cluster) []string {
+	nc, err := cl.Connect()
+	if err != nil {
+		return nil
+	}
+	defer nc.Close()
+	b, err := lease.BindBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket})
+	if err != nil {
+		return nil
+	}
+	return b.Leaders(ctx)
 }

@@ -75,6 +75,7 @@ type dedupConfig struct {
 	PeerAddrs    []string `json:"peer_addrs,omitempty"` // one loopback address per process (groupcache or httppull)
 	ShmDir       string   `json:"shm_dir"`
 	LocalMaxByte int64    `json:"local_max_bytes"`
+	Shards       int      `json:"shards,omitempty"` // embcache: lease shards
 }
 
 // openSystem joins cfg.System. computeOf gives the compute of a key's
@@ -96,7 +97,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 		return openGroupcache(cfg, computeOf)
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
 		o := node.Options{NATSURL: cfg.NATS, Name: fmt.Sprintf("p%d", cfg.Proc), ShmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
-			Replicas: cfg.Replicas, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger,
+			Replicas: cfg.Replicas, LeaseShards: cfg.Shards, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger,
 			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.WithMaxBytes(cfg.LocalMaxByte))}}
 		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files
 			o.Name, o.ShmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")

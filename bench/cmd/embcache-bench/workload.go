@@ -40,6 +40,7 @@ type workloadFlags struct {
 	zipf, embedMB                                 float64
 	systems                                       string
 	rounds                                        int
+	shards                                        int // embcache: lease shards (0: one)
 }
 
 func (w *workloadFlags) register(fs *pflag.FlagSet) {
@@ -77,6 +78,8 @@ type workloadRow struct {
 	Runs                int       `json:"runs"`
 	RunsPerSec          []float64 `json:"runs_requests_per_s"` // every run, ascending; the row is the median run
 	MaxForwards         int       `json:"max_forwards"`        // the most forwards of any run
+	// Leaders are the servers that lead the lease bucket's shards (R3).
+	Leaders []string `json:"leaders,omitempty"`
 }
 
 // dedupResult is one worker process's report.
@@ -159,7 +162,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	}
 	base := dedupConfig{System: sys, Procs: wf.procs, Goroutines: wf.goroutines, Unique: wf.unique, Requests: wf.requests,
 		Zipf: wf.zipf, Seed: 1, EncodeMS: wf.encodeMS, EmbedBytes: int(wf.embedMB * (1 << 20)), ShmDir: shmDir,
-		LocalMaxByte: 4 << 30}
+		LocalMaxByte: 4 << 30, Shards: wf.shards}
 	for range wf.procs {
 		port, err := embedded.FreePort("127.0.0.1")
 		if err != nil {
@@ -167,6 +170,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		}
 		base.PeerAddrs = append(base.PeerAddrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	}
+	var leaders func() []string // where the bucket's shards are led, after the run
 	switch sys {
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheSh:
 		srv, err := embedded.Start(embedded.Options{StoreDir: dir, NoSync: sys == sysEmbcacheNS})
@@ -182,6 +186,14 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		}
 		defer cl.Shutdown()
 		base.NATS, base.Replicas = cl.ClientURLs(), 3
+		if wf.shards > 1 {
+			// Created here, and its leaders spread as the active
+			// reconciler would (the workers run none).
+			if err := createShards(ctx, cl, wf.shards); err != nil {
+				return row, err
+			}
+		}
+		leaders = func() []string { return shardLeaders(ctx, cl) }
 	case sysRedis:
 		addr, stop, err := startRedis(ctx, dir)
 		if errors.Is(err, exec.ErrNotFound) {
@@ -197,6 +209,9 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	results, elapsed, err := runWorkers(ctx, self, base)
 	if err != nil {
 		return row, err
+	}
+	if leaders != nil {
+		row.Leaders = leaders()
 	}
 	var lat []int64
 	var msgs, delivered uint64
