@@ -513,7 +513,7 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 		return v, PathComputed, nil
 	}
 	rec := r.l.Record()
-	c.obs.published(r.ref, loc, rec.Expires, r.Revision())
+	c.obs.published(r.ref, loc, rec.Expires)
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After
 	// published, so that an event arriving from now on finds the copy.

@@ -35,7 +35,6 @@ type valueMeta struct {
 	epoch     uint64
 	lastTouch time.Time // when the last touched event was sent
 	lastUse   time.Time // the last hit; after lastTouch: a touch is owed
-	rev       uint64    // the revision of the record the copy came from (0: none)
 	expires   time.Time // the copy's expiry: its record's, as last read
 	hit       bool      // a local hit since the copy was made or its record last read
 }
@@ -96,23 +95,21 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 }
 
 // published records a value this process committed, and announces it.
-func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time, rev uint64) {
+func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	now := time.Now()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: now, rev: rev,
-		expires: expires}
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), expires: expires}
 	l.mu.Unlock()
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
 	l.pub.Publish(e)
 }
 
-// noteAt records a value this process pulled from loc, named by the
-// record at rev that expires at expires: an invalidation of its model and
-// epoch finds it, and its hits are touches.
-func (l *eventLink) noteAt(ref Ref, loc payload.Location, rev uint64, expires time.Time) {
+// noteAt records a value this process pulled from loc, named by a record
+// that expires at expires: an invalidation of its model and epoch finds
+// it, and its hits are touches.
+func (l *eventLink) noteAt(ref Ref, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, rev: rev, expires: expires}
+	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
 	l.mu.Unlock()
 }
 

@@ -73,7 +73,7 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 		c.obs.pullFailed(ref, *rec.Location, err)
 		return nil, err
 	}
-	c.obs.fetched(ref, *rec.Location, cur.Rev, rec.Expires)
+	c.obs.fetched(ref, *rec.Location, rec.Expires)
 	stale, err := c.invalidatedRecord(ctx, b, ref.Tenant, rec)
 	if err != nil || stale {
 		v.Close()

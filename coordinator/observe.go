@@ -87,12 +87,12 @@ func (o observations) leaseLost(during lease.Op) {
 // lateWrite: a lease write acknowledged after its deadline.
 func (o observations) lateWrite() { o.c.stats.lateWrites.Add(1) }
 
-// published: this process committed ref's value at rev, at loc, until
-// expires; its local copy lives as long.
-func (o observations) published(ref Ref, loc payload.Location, expires time.Time, rev uint64) {
+// published: this process committed ref's value at loc, until expires;
+// its local copy lives as long.
+func (o observations) published(ref Ref, loc payload.Location, expires time.Time) {
 	o.c.expiries.Store(ref.Object(), expires)
 	if l := o.c.eventLink(); l != nil {
-		l.published(ref, loc, expires, rev)
+		l.published(ref, loc, expires)
 	}
 }
 
@@ -108,12 +108,12 @@ func (o observations) unshared(ref Ref) {
 // degraded: a request computed without the store.
 func (o observations) degraded() { o.c.stats.degraded.Add(1) }
 
-// fetched: a committed value of ref arrived at rev from loc, its record
+// fetched: a committed value of ref arrived from loc, its record
 // expiring at expires; whether it may be served is decided next (its
 // tombstone).
-func (o observations) fetched(ref Ref, loc payload.Location, rev uint64, expires time.Time) {
+func (o observations) fetched(ref Ref, loc payload.Location, expires time.Time) {
 	if l := o.c.eventLink(); l != nil {
-		l.noteAt(ref, loc, rev, expires)
+		l.noteAt(ref, loc, expires)
 	}
 }
 

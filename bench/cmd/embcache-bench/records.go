@@ -53,6 +53,8 @@ type recordsRow struct {
 	StatsLiveMs      float64 `json:"stats_live_ms"`
 	LeasesLsMs       float64 `json:"leases_ls_ms"`
 	HeapPerRecordB   float64 `json:"reconciler_heap_per_record_bytes"` // failover heap / records
+	BucketBytes      uint64  `json:"bucket_bytes"`                     // the lease bucket's stored bytes
+	EventBytes       uint64  `json:"event_bytes"`                      // the event stream's stored bytes (a published event per record)
 	ReconcilerLeaseS float64 `json:"reconciler_lease_ttl_s"`
 }
 
@@ -140,6 +142,12 @@ func benchRecordsOne(ctx context.Context, self string, n int) (recordsRow, error
 		return row, err
 	}
 	row.StatsLiveMs = msSince(t0)
+	if sum.Bucket != nil {
+		row.BucketBytes = sum.Bucket.Bytes
+	}
+	if sum.Events != nil {
+		row.EventBytes = sum.Events.Bytes
+	}
 	if sum.LiveValues == nil || *sum.LiveValues != n {
 		return row, fmt.Errorf("stats --live counted %v live values, want %d", sum.LiveValues, n)
 	}
@@ -365,10 +373,11 @@ func recordsReconcile(ctx context.Context, cfg recordsConfig) recordsReport {
 
 func printRecords(w io.Writer, rows []recordsRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "records\tjoin to first hit ms\treconciler cold ms\tcold heap MB\tfailover ms\tfailover heap MB\theap B/record\tstats ms\tstats --live ms\tleases ls ms")
+	fmt.Fprintln(tw, "records\tjoin to first hit ms\treconciler cold ms\tcold heap MB\tfailover ms\tfailover heap MB\theap B/record\tstats ms\tstats --live ms\tleases ls ms\tbucket B/record\tevents B/record")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%.1f (%s)\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.1f\n", r.Records, r.JoinMs, r.JoinPath, r.ColdMs,
-			float64(r.ColdHeap)/(1<<20), r.FailoverMs, float64(r.FailoverHeap)/(1<<20), r.HeapPerRecordB, r.StatsMs, r.StatsLiveMs, r.LeasesLsMs)
+		fmt.Fprintf(tw, "%d\t%.1f (%s)\t%.0f\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.1f\t%.0f\t%.0f\n", r.Records, r.JoinMs, r.JoinPath, r.ColdMs,
+			float64(r.ColdHeap)/(1<<20), r.FailoverMs, float64(r.FailoverHeap)/(1<<20), r.HeapPerRecordB, r.StatsMs, r.StatsLiveMs, r.LeasesLsMs,
+			float64(r.BucketBytes)/float64(r.Records), float64(r.EventBytes)/float64(r.Records))
 	}
 	tw.Flush()
 }
