@@ -346,7 +346,7 @@ func TestLatestAndScan(t *testing.T) {
 	emit(published("acme", 2, now.Add(time.Hour)))
 	emit(published("beta", 3, now.Add(time.Hour)))
 	var got []string
-	skipped, err := Scan(ctx, js, ScanOptions{Kinds: []Kind{KindPublished, KindTouched}, LastPerSubject: true}, func(e Event) {
+	skipped, err := Scan(ctx, js, []Kind{KindPublished, KindTouched}, func(e Event) {
 		got = append(got, e.Tenant+"/"+e.Kind.String()+"/"+e.Key.String()[:2])
 	})
 	if err != nil || skipped != 0 {
@@ -356,7 +356,7 @@ func TestLatestAndScan(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("scan: %v, want %v", got, want)
 	}
-	if n, err := Scan(ctx, js, ScanOptions{Kinds: []Kind{KindInvalidated}}, func(Event) { t.Fatal("an event of no kind asked for") }); err != nil || n != 0 {
+	if n, err := Scan(ctx, js, []Kind{KindInvalidated}, func(Event) { t.Fatal("an event of no kind asked for") }); err != nil || n != 0 {
 		t.Fatal(n, err)
 	}
 }

@@ -83,7 +83,7 @@ func (s *State) Live(now time.Time) map[payload.ObjectID]Entry {
 // tools and tests; the reconciler reads what it needs by subject (Latest).
 func Replay(ctx context.Context, js jetstream.JetStream) (state *State, skipped int, err error) {
 	state = NewState()
-	skipped, err = Scan(ctx, js, ScanOptions{}, state.Apply)
+	skipped, err = Scan(ctx, js, nil, state.Apply)
 	if err != nil {
 		return nil, skipped, fmt.Errorf("events: replay: %w", err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/natstest"
 )
 
 // SpreadLeaders on a 3-node cluster: three shards whose leaders were all
@@ -14,17 +14,9 @@ import (
 func TestSpreadLeaders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Shutdown()
-	nc, err := cl.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	_, nc := natstest.Cluster(ctx, t, 3)
 	var b *Bucket
+	var err error
 	until(t, ctx, "the bucket is created", func() bool {
 		b, err = OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: 3})
 		return err == nil

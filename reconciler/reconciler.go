@@ -506,8 +506,7 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 			}
 		})
 	}
-	skipped, err := events.Scan(ctx, r.js, events.ScanOptions{Kinds: []events.Kind{events.KindPublished, events.KindTouched},
-		LastPerSubject: true}, func(e events.Event) {
+	skipped, err := events.Scan(ctx, r.js, []events.Kind{events.KindPublished, events.KindTouched}, func(e events.Event) {
 		select {
 		case keys <- e.Tenant + "." + e.Key.String():
 		case <-ctx.Done():

@@ -4,6 +4,7 @@
 package natstest
 
 import (
+	"context"
 	"testing"
 
 	"github.com/embcache/embcache/embedded"
@@ -36,4 +37,21 @@ func Connect(t testing.TB, url string) *nats.Conn {
 func Conn(t testing.TB) *nats.Conn {
 	t.Helper()
 	return Connect(t, Server(t).ClientURL())
+}
+
+// Cluster starts an n-node cluster on loopback for t (within ctx, which
+// bounds its forming) and connects to it.
+func Cluster(ctx context.Context, t testing.TB, n int) (*embedded.Cluster, *nats.Conn) {
+	t.Helper()
+	cl, err := embedded.StartCluster(ctx, n, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Shutdown)
+	nc, err := cl.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return cl, nc
 }

@@ -7,12 +7,14 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/lease"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 )
 
@@ -86,6 +88,58 @@ type shardRow struct {
 	P50ms        float64   `json:"p50_ms"`
 	Leaders      []string  `json:"leaders"` // of each shard, in the median run
 	Errors       int       `json:"errors"`
+	// StreamCeiling is the floor measured in the same run: small messages
+	// per second into one R3 stream (streamCeiling).
+	StreamCeiling float64 `json:"stream_ceiling_msgs_per_s"`
+}
+
+// streamCeiling is the floor of the shards part: how many small
+// messages one R3 stream (one Raft group, SyncAlways) on a new 3-node
+// embedded cluster accepts per second from one process publishing
+// asynchronously, 256 in flight.
+func streamCeiling(ctx context.Context, n int) (float64, error) {
+	dir, err := os.MkdirTemp("", "embcache-bench-ceiling-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	cl, err := embedded.StartCluster(ctx, 3, dir, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Shutdown()
+	nc, err := cl.Connect()
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		_, err = js.CreateStream(cctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"},
+			Storage: jetstream.FileStorage, Replicas: 3})
+		if err == nil || cctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the meta leader is being elected
+	}
+	if err != nil {
+		return 0, err
+	}
+	body := make([]byte, 300) // about a lease record's size
+	start := time.Now()
+	for i := range n {
+		if _, err := js.PublishAsync("ceiling."+strconv.Itoa(i%1024), body, jetstream.WithStallWait(30*time.Second)); err != nil {
+			return 0, err
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-cctx.Done():
+		return 0, cctx.Err()
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
 }
 
 // benchShards measures misses (every request a new key, no encoder time)
@@ -93,6 +147,10 @@ type shardRow struct {
 // each number of shards.
 func benchShards(ctx context.Context, self string, shards []int, requests int, log io.Writer) ([]shardRow, error) {
 	var rows []shardRow
+	ceiling, err := streamCeiling(ctx, 10*requests)
+	if err != nil {
+		return nil, fmt.Errorf("stream ceiling: %w", err)
+	}
 	for _, k := range shards {
 		fmt.Fprintf(log, "scale: %d lease shards on 3 nodes ...\n", k)
 		wf := workloadFlags{procs: 4, goroutines: 4, unique: requests, requests: requests, zipf: 1.1,
@@ -108,7 +166,7 @@ func benchShards(ctx context.Context, self string, shards []int, requests int, l
 		slices.SortFunc(runs, func(a, b workloadRow) int { return cmp.Compare(a.RequestsPerSec, b.RequestsPerSec) })
 		m := runs[1]
 		row := shardRow{Shards: k, Procs: wf.procs, Misses: m.Forwards, MissesPerSec: m.RequestsPerSec, P50ms: m.P50ms,
-			Leaders: m.Leaders, Errors: m.Errors}
+			Leaders: m.Leaders, Errors: m.Errors, StreamCeiling: ceiling}
 		for _, r := range runs {
 			row.RunsPerSec = append(row.RunsPerSec, r.RequestsPerSec)
 		}
@@ -119,10 +177,11 @@ func benchShards(ctx context.Context, self string, shards []int, requests int, l
 
 func printShards(w io.Writer, rows []shardRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "shards	processes	misses	misses/s (median of 3)	runs	p50 ms	shard leaders	errors")
+	fmt.Fprintln(tw, "shards\tprocesses\tmisses\tmisses/s (median of 3)\truns\tp50 ms\tshard leaders\terrors\tone R3 stream msgs/s\twrites/s vs stream")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%s\t%d\n", r.Shards, r.Procs, r.Misses, r.MissesPerSec, r.RunsPerSec,
-			r.P50ms, strings.Join(r.Leaders, ","), r.Errors)
+		// A miss is two writes (the reservation and the commit) to its shard.
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%s\t%d\t%.0f\t%.2fx\n", r.Shards, r.Procs, r.Misses, r.MissesPerSec, r.RunsPerSec,
+			r.P50ms, strings.Join(r.Leaders, ","), r.Errors, r.StreamCeiling, 2*r.MissesPerSec/r.StreamCeiling)
 	}
 	tw.Flush()
 }
