@@ -309,6 +309,8 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	}
 	key := ref.KVKey()
 	waited := false
+	var hinted uint64 // the revision a hint woke this waiter at (0: none)
+	rereads := 0      // reads since that hint that still showed it
 	for attempt := 0; ; attempt++ {
 		// Before the read, so that no change slips between the read and
 		// the wait. Without hints (a subscription refused) the poll alone
@@ -400,23 +402,46 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				waited = true
 				c.obs.waiting(ctx)
 			}
+			if cur.Rev == hinted && rereads < hintRereads {
+				// A hint reaches a core subscriber as the write is sent,
+				// before the stream has stored it: the read can still show
+				// the revision the hint ends. Read again shortly rather
+				// than wait for the poll (a write JetStream refused ends
+				// here too, after the last of these reads).
+				rereads++
+				unsubscribe()
+				if sleepCtx(ctx, time.Millisecond<<rereads) != nil {
+					return nil, PathWaited, c.waitEnded(ctx, key, cur)
+				}
+				continue
+			}
+			hinted, rereads = 0, 0
 			t := time.NewTimer(c.s.pollInterval)
 			select {
 			case <-wake:
+				hinted = cur.Rev
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
 				unsubscribe()
-				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					return nil, PathWaited, fmt.Errorf("%w: waiting for %s (owner %s): %w",
-						ErrComputeTimeout, key, cur.Record.Owner, ctx.Err())
-				}
-				return nil, PathWaited, ctx.Err()
+				return nil, PathWaited, c.waitEnded(ctx, key, cur)
 			}
 			t.Stop()
 			unsubscribe()
 		}
 	}
+}
+
+// hintRereads bounds the reads after a hint that still show the revision
+// the hint ends: 2 + 4 + ... + 64 ms, 126 ms in all, then the poll.
+const hintRereads = 6
+
+// waitEnded is the error of a wait for key, held at cur, whose ctx ended.
+func (c *Cache) waitEnded(ctx context.Context, key string, cur lease.Entry) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: waiting for %s (owner %s): %w", ErrComputeTimeout, key, cur.Record.Owner, ctx.Err())
+	}
+	return ctx.Err()
 }
 
 // backOff waits before the attempt-th read of a key that keeps moving (a

@@ -53,8 +53,14 @@ type scaleRow struct {
 	// Delivered counts only the messages delivered to the processes.
 	DeliveredPerRequest float64 `json:"delivered_per_request"`
 	DeliveredPerForward float64 `json:"delivered_per_forward"`
-	RequestsPerSec      float64 `json:"requests_per_s"`
-	Errors              int     `json:"errors"`
+	// What the processes' Caches counted: how the requests were answered,
+	// and the touched events they sent.
+	LocalHits      uint64  `json:"local_hits"`
+	RemoteHits     uint64  `json:"remote_hits"`
+	Waits          uint64  `json:"waits"`
+	Touches        uint64  `json:"touches"`
+	RequestsPerSec float64 `json:"requests_per_s"`
+	Errors         int     `json:"errors"`
 }
 
 func (s scaleFlags) counts(quick bool) (procs, records, shards []int, _ scaleFlags, _ error) {
@@ -213,6 +219,14 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 		}
 		row := scaleRow{Procs: p, Requests: w.Requests, Forwards: w.Forwards, MsgsPerRequest: w.MsgsPerRequest,
 			DeliveredPerRequest: w.DeliveredPerRequest, RequestsPerSec: w.RequestsPerSec, Errors: w.Errors}
+		for _, d := range w.Details {
+			m, _ := d.(map[string]any)
+			count := func(k string) uint64 { v, _ := m[k].(float64); return uint64(v) }
+			row.LocalHits += count("LocalHits")
+			row.RemoteHits += count("RemoteHits")
+			row.Waits += count("Waits")
+			row.Touches += count("Touches")
+		}
 		if w.Forwards > 0 {
 			perForward := float64(w.Requests) / float64(w.Forwards)
 			row.MsgsPerForward = w.MsgsPerRequest * perForward
@@ -229,10 +243,10 @@ func benchScale(ctx context.Context, sf scaleFlags, quick bool, log io.Writer) (
 
 func printScale(w io.Writer, rows []scaleRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "processes\trequests\tforwards\tNATS msgs/request\tmsgs/forward\tdelivered/request\tdelivered/forward\trequests/s\terrors")
+	fmt.Fprintln(tw, "processes\trequests\tforwards\tNATS msgs/request\tmsgs/forward\tdelivered/request\tdelivered/forward\tlocal hits\tremote hits\twaits\ttouches\trequests/s\terrors")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%d\n", r.Procs, r.Requests, r.Forwards, r.MsgsPerRequest, r.MsgsPerForward,
-			r.DeliveredPerRequest, r.DeliveredPerForward, r.RequestsPerSec, r.Errors)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t%d\t%d\t%d\t%.0f\t%d\n", r.Procs, r.Requests, r.Forwards, r.MsgsPerRequest, r.MsgsPerForward,
+			r.DeliveredPerRequest, r.DeliveredPerForward, r.LocalHits, r.RemoteHits, r.Waits, r.Touches, r.RequestsPerSec, r.Errors)
 	}
 	tw.Flush()
 }
