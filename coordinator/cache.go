@@ -311,6 +311,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	waited := false
 	var hinted uint64 // the revision a hint woke this waiter at (0: none)
 	rereads := 0      // reads since that hint that still showed it
+	polls := 0        // waits so far
 	for attempt := 0; ; attempt++ {
 		// Before the read, so that no change slips between the read and
 		// the wait. Without hints (a subscription refused) the poll alone
@@ -416,7 +417,8 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				continue
 			}
 			hinted, rereads = 0, 0
-			t := time.NewTimer(c.s.pollInterval)
+			t := time.NewTimer(pollDelay(c.s.pollInterval, polls))
+			polls++
 			select {
 			case <-wake:
 				hinted = cur.Rev
@@ -430,6 +432,22 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			unsubscribe()
 		}
 	}
+}
+
+// pollDelay is how long the n-th wait of a request lasts without a hint:
+// 25 ms, then 250 ms, then the poll interval. A waiter that subscribes
+// while a commit is on its way (published, so already delivered to the
+// subscribers there were, but not yet stored, so not yet readable) hears
+// no hint and reads the old record: the early reads find the commit once
+// it is stored (a few milliseconds on R3) instead of a poll interval later.
+func pollDelay(poll time.Duration, n int) time.Duration {
+	switch n {
+	case 0:
+		return min(poll, 25*time.Millisecond)
+	case 1:
+		return min(poll, 250*time.Millisecond)
+	}
+	return poll
 }
 
 // hintRereads bounds the reads after a hint that still show the revision

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
@@ -128,4 +129,60 @@ func (c *commitCounter) Committed(r Ref, _ uint64, _ payload.Checksum) {
 	c.mu.Lock()
 	c.n[r]++
 	c.mu.Unlock()
+}
+
+// TestWaiterRacingTheCommit: on a 3-node cluster, a waiter on one server
+// starts while the holder on another commits. A waiter that subscribes
+// after the commit was published (so it hears no hint) but reads before
+// the stream stored it (so it reads the key computing) finds the commit
+// with its early reads, not a poll interval later: with the poll set to
+// an hour, every wait ends well inside its 10 s deadline. Before the early
+// reads, about one wait in ten of these hit the poll.
+func TestWaiterRacingTheCommit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, _ := natstest.Cluster(ctx, t, 3)
+	store := payload.NewMemoryStore("test-node", 0)
+	join := func(i int, opts ...Option) *Cache {
+		t.Helper()
+		nc := connect(t, cl.Nodes[i].ClientURL())
+		base := []Option{route(t, payload.TransportMemory, store), WithNode("test-node"), WithReplicas(3), WithMode(ModeStrict)}
+		var c *Cache
+		var err error
+		waitFor(t, func() bool { // the cluster's first bucket needs a meta leader
+			c, err = New(ctx, nc, append(base, opts...)...)
+			return err == nil
+		})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	holder := join(0)
+	waiter := join(1, WithPollInterval(time.Hour))
+	var cnt counter
+	for i := range 200 {
+		r, err := holder.Reserve(ctx, ref(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, err := waiter.GetOrCompute(wctx, "w", ref(i), cnt.fn(i))
+			done <- err
+		}()
+		// The commit lands anywhere from before the waiter's first read to
+		// well into its wait.
+		sleepCtx(ctx, time.Duration(i%20)*100*time.Microsecond)
+		if _, err := r.Commit(ctx, embedding(i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		waiter.Release("w")
+	}
+	if s := waiter.Stats(); s.Computes != 0 {
+		t.Fatalf("the waiter computed: %+v", s)
+	}
 }

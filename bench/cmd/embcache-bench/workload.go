@@ -67,6 +67,7 @@ type workloadRow struct {
 	RequestsPerSec   float64 `json:"requests_per_s"`
 	P50ms            float64 `json:"p50_ms"`
 	P99ms            float64 `json:"p99_ms"`
+	MaxMs            float64 `json:"max_ms"`
 	MsgsPerRequest   float64 `json:"messages_per_request"`
 	// DeliveredPerRequest counts only the messages delivered to the
 	// processes (NATS systems): replies, acks, hints, events.
@@ -230,6 +231,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	if len(lat) > 0 {
 		row.P50ms = float64(lat[len(lat)/2]) / 1000
 		row.P99ms = float64(lat[min(len(lat)-1, len(lat)*99/100)]) / 1000
+		row.MaxMs = float64(lat[len(lat)-1]) / 1000
 	}
 	row.ForwardsPerInput = float64(row.Forwards) / float64(wf.unique)
 	row.Seconds = elapsed.Seconds()
