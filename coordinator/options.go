@@ -265,7 +265,7 @@ func WithLocalCache(opts ...localcache.Option) Option {
 // WithEvents turns the event stream on: the Cache publishes published,
 // touched (at most once per key per touchInterval; 0 means a quarter of
 // the store TTL, at most a minute) and abandoned events, and follows
-// evicted, invalidated and touched events from the others.
+// invalidated events and the eviction notices of its node.
 func WithEvents(touchInterval time.Duration) Option {
 	return func(s *settings) error {
 		if touchInterval < 0 {
