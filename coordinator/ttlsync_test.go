@@ -330,7 +330,7 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 // interval's end, so the record lives one store TTL past the last use.
 func TestUnusedValueGoesOneStoreTTLAfterItsLastUse(t *testing.T) {
 	url, store := memoryCluster(t)
-	const storeTTL = 2 * time.Second
+	const storeTTL = 5 * time.Second // the owed touch must be applied before the record's first expiry, on a busy machine too
 	activeReconciler(t, url, store)
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL), WithEvents(500*time.Millisecond))
 	ctx := context.Background()
