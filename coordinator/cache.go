@@ -308,25 +308,15 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		return c.degraded(ctx, ref, fn, ErrStoreUnavailable)
 	}
 	key := ref.KVKey()
-	waited := false
-	var hinted uint64 // the revision a hint woke this waiter at (0: none)
-	rereads := 0      // reads since that hint that still showed it
-	polls := 0        // waits so far
+	w := waiter{}
+	defer w.stop()
 	for attempt := 0; ; attempt++ {
-		// Before the read, so that no change slips between the read and
-		// the wait. Without hints (a subscription refused) the poll alone
-		// wakes the waiter.
-		wake, unsubscribe, herr := b.Hints(key, c.badRecordWatched)
-		if herr != nil {
-			c.s.logger.Debug("embcache: no hints for a key, polling", "key", key, "err", herr)
-		}
 		octx, cancel := c.opContext(ctx)
 		cur, err := b.Read(octx, key)
 		cancel()
 		if errors.Is(err, ErrBadRecord) {
 			c.badRecord(err)
 			if c.purgeUnreadable(ctx, b, key, cur, err) {
-				unsubscribe()
 				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 					return nil, PathWaited, err
 				}
@@ -335,11 +325,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
 		}
 		if err != nil {
-			unsubscribe()
 			return c.degraded(ctx, ref, fn, err)
 		}
 		if cur.Live && cur.Record.State == lease.StateComputing && c.purgeStale(ctx, b, key, cur) {
-			unsubscribe()
 			if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 				return nil, PathWaited, err
 			}
@@ -347,7 +335,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		}
 		switch {
 		case !cur.Live:
-			unsubscribe()
+			w.stop()
 			r, err := c.reserve(ctx, b, ref)
 			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
 				// Someone got there first: read what they wrote. A read that
@@ -366,7 +354,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			return c.computeUnder(ctx, r, fn)
 
 		case cur.Record.State == lease.StateCommitted:
-			unsubscribe()
+			w.stop()
 			v, err := c.pull(ctx, b, ref, cur)
 			if errors.Is(err, errInvalidated) {
 				continue // purged: compute it again
@@ -376,7 +364,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				return c.degraded(ctx, ref, fn, err)
 			}
 			if err == nil {
-				if waited {
+				if w.waited {
 					return v, PathWaited, nil
 				}
 				return v, PathRemoteHit, nil
@@ -399,39 +387,83 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			}
 
 		default: // computing elsewhere: wait for a change, or poll
-			if !waited {
-				waited = true
+			if !w.waited {
+				w.waited = true
 				c.obs.waiting(ctx)
 			}
-			if cur.Rev == hinted && rereads < hintRereads {
-				// A hint reaches a core subscriber as the write is sent,
-				// before the stream has stored it: the read can still show
-				// the revision the hint ends. Read again shortly rather
-				// than wait for the poll (a write JetStream refused ends
-				// here too, after the last of these reads).
-				rereads++
-				unsubscribe()
-				if sleepCtx(ctx, time.Millisecond<<rereads) != nil {
-					return nil, PathWaited, c.waitEnded(ctx, key, cur)
+			if !w.subscribed {
+				// Subscribe, then read again: a change between the first
+				// read and the subscription is in the second read, and any
+				// after it reaches the subscription. Only a waiter
+				// subscribes (a hit or a reservation needs no hints).
+				// Without hints (a subscription refused) the polls alone
+				// wake it.
+				if err := w.subscribe(b, key, c.badRecordWatched); err != nil {
+					c.s.logger.Debug("embcache: no hints for a key, polling", "key", key, "err", err)
 				}
 				continue
 			}
-			hinted, rereads = 0, 0
-			t := time.NewTimer(pollDelay(c.s.pollInterval, polls))
-			polls++
-			select {
-			case <-wake:
-				hinted = cur.Rev
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				unsubscribe()
+			if err := w.wait(ctx, c.s.pollInterval); err != nil {
 				return nil, PathWaited, c.waitEnded(ctx, key, cur)
 			}
-			t.Stop()
-			unsubscribe()
 		}
 	}
+}
+
+// waiter is one request's wait for a key computed elsewhere: its
+// subscription to the key's hints, and how it polls.
+type waiter struct {
+	waited     bool
+	subscribed bool
+	wake       <-chan struct{}
+	done       func()
+	hinted     bool // a hint woke it, and the reads since still show the key computing
+	rereads    int  // reads since that hint
+	polls      int  // waits without a hint so far
+}
+
+func (w *waiter) subscribe(b *lease.Bucket, key string, onBad func(error)) error {
+	w.subscribed = true
+	wake, done, err := b.Hints(key, onBad)
+	w.wake, w.done = wake, done
+	return err
+}
+
+// wait blocks until the next read is due: soon after a hint (while the
+// reads still show the key computing), else at the next poll or hint.
+// The error is ctx's.
+func (w *waiter) wait(ctx context.Context, poll time.Duration) error {
+	if w.hinted && w.rereads < hintRereads {
+		// A hint reaches a core subscriber as the write is sent, before
+		// the stream has stored it: the read can still show the key
+		// computing (at the old revision, or at a renewal's). Read again
+		// shortly rather than wait for the poll (a write JetStream refused
+		// ends here too, after the last of these reads).
+		w.rereads++
+		return sleepCtx(ctx, time.Millisecond<<w.rereads)
+	}
+	w.hinted, w.rereads = false, 0
+	t := time.NewTimer(pollDelay(poll, w.polls))
+	defer t.Stop()
+	w.polls++
+	select {
+	case <-w.wake:
+		w.hinted = true
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stop ends the subscription, if there is one.
+func (w *waiter) stop() {
+	if w.done != nil {
+		w.done()
+		w.done, w.wake = nil, nil
+	}
+	w.subscribed = false
 }
 
 // pollDelay is how long the n-th wait of a request lasts without a hint:

@@ -28,7 +28,9 @@ type eventLink struct {
 	flushed chan struct{} // closed when tick has returned
 }
 
-// valueMeta is what a touched event needs about a local value.
+// valueMeta is what the event link knows of a local value: what a touched
+// event needs, what an invalidation must find, and when the copy's record
+// is read again (its expiry, and whether it was hit since).
 type valueMeta struct {
 	loc       payload.Location
 	model     string
@@ -211,16 +213,28 @@ func (l *eventLink) tick() {
 		for _, e := range owed {
 			l.publishTouch(e)
 		}
+		// A few at once: copies pulled together come due together, and
+		// each read may wait out the op timeout during a leader election.
+		sem := make(chan struct{}, refreshReaders)
+		var reads sync.WaitGroup
 		for _, d := range due {
 			select {
 			case <-l.stop:
+				reads.Wait()
 				return
-			default:
+			case sem <- struct{}{}:
 			}
-			l.c.refreshCopy(d)
+			reads.Go(func() {
+				defer func() { <-sem }()
+				l.c.refreshCopy(d)
+			})
 		}
+		reads.Wait()
 	}
 }
+
+// refreshReaders is how many copies' records tick reads at once.
+const refreshReaders = 8
 
 // extended records that obj's copy now expires at expires.
 func (l *eventLink) extended(obj payload.ObjectID, expires time.Time) {

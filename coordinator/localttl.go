@@ -34,8 +34,8 @@ type copyDue struct {
 // copy to the record's new expiry; a record gone, or naming other bytes,
 // takes the copy with it. A read that fails changes nothing: the copy
 // ends at its own expiry, which is at most its record's. So a copy never
-// outlives its record, and this process hears of a record only when one
-// of its copies is about to end (docs/protocol.md 4.3).
+// outlives its record's expiry, and this process hears of a record only
+// when one of its copies is about to end (docs/protocol.md 4.3).
 func (c *Cache) refreshCopy(d copyDue) {
 	b := c.bucket()
 	if b == nil {

@@ -40,8 +40,8 @@ type Stats struct {
 	// BadRecordsPurged counts records that did not decode, purged once
 	// older than a lease TTL so that their key is shared again.
 	BadRecordsPurged uint64
-	// BadRecordsWatched counts changes of the bucket the watcher saw
-	// whose record did not decode: each bad write once, read or not.
+	// BadRecordsWatched counts changes of a key this process waited on
+	// (heard as hints) whose record did not decode, read or not.
 	BadRecordsWatched uint64
 	// EventsDecoded and EventsBad count the events this process received
 	// from the stream (WithEvents): decoded, and skipped because they did
@@ -93,8 +93,8 @@ func (c *Cache) badRecord(err error) {
 	c.obs.badRecord(err, telemetry.OpRead)
 }
 
-// badRecordWatched counts a record that did not decode when the watcher
-// saw it written.
+// badRecordWatched counts a record that did not decode, heard as a hint
+// while this process waited on its key.
 func (c *Cache) badRecordWatched(err error) {
 	c.obs.badRecord(err, telemetry.OpWatch)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,15 @@ func TenantPermissions(tenant string) *server.Permissions {
 			"$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.DELETE.*.*",
 			"$JS.API.STREAM.INFO.KV_" + lease.DefaultBucket, "$JS.API.STREAM.INFO." + events.StreamName,
 			"$JS.FC.>",
-		}},
+		},
+			// MSG.NEXT, INFO and DELETE above take any consumer's name: the
+			// reconciler's durable (every tenant's events, under a name
+			// everyone knows) is refused by name.
+			Deny: []string{
+				"$JS.API.CONSUMER.MSG.NEXT." + events.StreamName + "." + reconciler.Durable,
+				"$JS.API.CONSUMER.INFO." + events.StreamName + "." + reconciler.Durable,
+				"$JS.API.CONSUMER.DELETE." + events.StreamName + "." + reconciler.Durable,
+			}},
 		// The tenant's keys while waiting on them (hints), and the eviction
 		// notices of its values to any node.
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>", kv, events.NoticePrefix + tenant + ".*"}},
@@ -85,6 +94,15 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
+	rec, err := reconciler.New(dial("admin"), reconciler.WithNode("test-node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRec := context.WithCancel(ctx)
+	recDone := make(chan struct{})
+	go func() { rec.Run(rctx); close(recDone) }()
+	defer func() { stopRec(); <-recDone }()
+	waitFor(t, func() bool { return rec.Stats().Active })
 
 	store := payload.NewMemoryStore("test-node", 0)
 	tenantCache := func(user string) *Cache {
@@ -206,6 +224,14 @@ func TestTenantIsolation(t *testing.T) {
 	}
 	if err := nc.Publish("_INBOX_beta.x", nil); err != nil && !strings.Contains(err.Error(), "permission") {
 		t.Log(err)
+	}
+	// The reconciler's durable consumer (every tenant's events) cannot be
+	// pulled from, looked at or deleted.
+	for _, api := range []string{"MSG.NEXT", "INFO", "DELETE"} {
+		if _, err := nc.RequestWithContext(short(), "$JS.API.CONSUMER."+api+"."+events.StreamName+"."+reconciler.Durable,
+			[]byte(`{"batch":1,"expires":100000000}`)); err == nil {
+			t.Fatalf("acme's %s on the reconciler's consumer was answered", api)
+		}
 	}
 	for _, subject := range []string{"_INBOX_beta.>", betaSubject, events.NoticeSubject("beta", "test-node")} {
 		other := dial("acme")

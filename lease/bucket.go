@@ -187,7 +187,8 @@ func (b *Bucket) shardName(key string) string {
 	return ShardName(b.cfg.Name, ShardOf(key, len(b.shards)))
 }
 
-func (b *Bucket) subject(key string) string { return "$KV." + b.shardName(key) + "." + key }
+// Subject is the subject of key's messages, in its shard: $KV.<bucket>.<key>.
+func (b *Bucket) Subject(key string) string { return "$KV." + b.shardName(key) + "." + key }
 
 // KeyOfSubject is the bucket key a message on a shard's subject is about:
 // $KV.<bucket>.<key>.
@@ -226,7 +227,7 @@ func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Re
 	if err != nil {
 		return 0, err
 	}
-	msg := &nats.Msg{Subject: b.subject(key), Data: data}
+	msg := &nats.Msg{Subject: b.Subject(key), Data: data}
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		if isConflict(err) {
@@ -254,7 +255,7 @@ func (b *Bucket) Put(ctx context.Context, key string, r Record, ttl time.Duratio
 	if err != nil {
 		return 0, err
 	}
-	msg := &nats.Msg{Subject: b.subject(key), Data: data}
+	msg := &nats.Msg{Subject: b.Subject(key), Data: data}
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		return 0, err
@@ -266,7 +267,7 @@ func (b *Bucket) Put(ctx context.Context, key string, r Record, ttl time.Duratio
 // (docs/protocol.md 3): the reconciler announces the eviction with that
 // cause, and a purge without one (a marker, a plain purge) as expired.
 func (b *Bucket) PurgeFor(ctx context.Context, key string, rev uint64, cause events.Cause) error {
-	msg := nats.NewMsg(b.subject(key))
+	msg := nats.NewMsg(b.Subject(key))
 	msg.Header.Set("KV-Operation", "PURGE")
 	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
@@ -316,7 +317,7 @@ func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
 	if b.cfg.Direct {
 		return b.readDirect(ctx, key)
 	}
-	req, _ := json.Marshal(map[string]string{"last_by_subj": b.subject(key)})
+	req, _ := json.Marshal(map[string]string{"last_by_subj": b.Subject(key)})
 	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.shardName(key), req)
 	if err != nil {
 		return Entry{}, err
@@ -364,7 +365,7 @@ func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
 // readDirect reads the key's last message with
 // $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>.
 func (b *Bucket) readDirect(ctx context.Context, key string) (Entry, error) {
-	subject := b.subject(key)
+	subject := b.Subject(key)
 	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.shardName(key)+"."+subject, nil)
 	if err != nil {
 		return Entry{}, err

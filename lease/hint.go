@@ -21,7 +21,7 @@ import (
 // process's traffic does not grow with the number of processes.
 func (b *Bucket) Hints(key string, onBad func(error)) (<-chan struct{}, func(), error) {
 	ch := make(chan struct{}, 1)
-	sub, err := b.nc.Subscribe(b.subject(key), func(m *nats.Msg) {
+	sub, err := b.nc.Subscribe(b.Subject(key), func(m *nats.Msg) {
 		if !worthReading(m, onBad) {
 			return
 		}

@@ -256,7 +256,12 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	}
 	defer stop()
 	if sweep {
-		r.sweep(ctx, x)
+		// Beside the loop, not before it: a sweep of a million values
+		// takes minutes, and the markers placed meanwhile must be read
+		// before their own TTL ends them.
+		var swept sync.WaitGroup
+		defer swept.Wait() // the loop returns once ctx has ended, which ends the sweep too
+		swept.Go(func() { r.sweep(ctx, x) })
 	}
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
@@ -396,6 +401,10 @@ type expirer struct {
 	b      *lease.Bucket
 	pub    *events.Publisher
 	events jetstream.Stream
+	// keys serializes expire per key (striped): the sweep and the bucket's
+	// markers may both come upon one value, and the second must see the
+	// first's evicted event.
+	keys [64]sync.Mutex
 }
 
 // expire removes what is left of a value whose record is gone and
@@ -417,6 +426,9 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	if !ok || err != nil {
 		return
 	}
+	mu := &x.keys[key[0]%byte(len(x.keys))]
+	mu.Lock()
+	defer mu.Unlock()
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	entry, live, found, err := events.Latest(octx, x.events, tenant, key)
 	cancel()
@@ -491,7 +503,6 @@ const sweepReaders = 16
 // time, and each one's record (sweepReaders at once); it holds nothing of
 // them.
 func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
-	defer r.did(actionSweep) // counted when done
 	keys := make(chan string, sweepReaders)
 	var wg sync.WaitGroup
 	for range sweepReaders {
@@ -514,7 +525,10 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 	})
 	close(keys)
 	wg.Wait()
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err == nil && ctx.Err() == nil:
+		r.did(actionSweep) // counted when done
+	case ctx.Err() == nil:
 		r.s.logger.Warn("embcache: sweep ended early", "err", err)
 	}
 	if skipped > 0 {
