@@ -928,11 +928,36 @@ func checkHistory(all []hist, windows []window) (faultStats, map[int][]hist, []s
 	touched := faultsTouching(all, windows)
 	for _, k := range sortedKeys(computes) {
 		if n := computes[k]; n > 1+touched[k] {
-			vs = append(vs, fmt.Sprintf("key %d computed %d times with %d faults touching it", k, n, touched[k])) // (d)
+			vs = append(vs, fmt.Sprintf("key %d computed %d times with %d faults touching it; %s", k, n, touched[k], keyHistory(all, windows, k))) // (d)
 		}
 	}
 	st.keys = len(computes)
 	return st, commits, vs
+}
+
+// keyHistory is what the workers said of key k and when the faults were,
+// in ms from the first line of any worker: what a violation needs to be
+// understood without a replay (a schedule's timing does not replay).
+func keyHistory(all []hist, windows []window, k int) string {
+	if len(all) == 0 {
+		return ""
+	}
+	t0 := all[0].T
+	for _, h := range all {
+		t0 = min(t0, h.T)
+	}
+	ms := func(t int64) int64 { return (t - t0) / int64(time.Millisecond) }
+	var b strings.Builder
+	b.WriteString("history:")
+	for _, h := range all {
+		if h.Key == k {
+			fmt.Fprintf(&b, " [%d ms %s %s rev %d %s]", ms(h.T), h.W, h.Ev, h.Rev, h.Note)
+		}
+	}
+	for _, w := range windows {
+		fmt.Fprintf(&b, " [fault %d..%d ms]", ms(w.from), ms(w.to))
+	}
+	return b.String()
 }
 
 // faultsTouching counts, per key, the faults that hit a compute of it: a
