@@ -219,7 +219,7 @@ func BenchmarkRemoteHitTombstoneCheck(b *testing.B) {
 		}
 		base = append(base, time.Since(t0))
 		t1 := time.Now()
-		if stale, err := c.invalidatedRecord(ctx, ls, r.Tenant, cur.Record); err != nil || stale {
+		if stale, err := c.invalidatedRecord(ctx, ls, r, cur.Record); err != nil || stale {
 			b.Fatal(stale, err)
 		}
 		ours = append(ours, time.Since(t1))

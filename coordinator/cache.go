@@ -336,7 +336,11 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		switch {
 		case !cur.Live:
 			w.stop()
+			end := c.startCompute(ref)
 			r, err := c.reserve(ctx, b, ref)
+			if err != nil && end != nil {
+				end()
+			}
 			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
@@ -351,7 +355,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			if attempt > 0 {
 				c.obs.tookOver()
 			}
-			return c.computeUnder(ctx, r, fn)
+			return c.computeUnder(ctx, r, fn, end)
 
 		case cur.Record.State == lease.StateCommitted:
 			w.stop()
@@ -561,7 +565,12 @@ func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string
 
 // computeUnder runs fn under lease and commits what it returns. A failed
 // fn abandons the key; a failed commit still returns the (correct) value.
-func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc) (v *payload.Value, _ Path, err error) {
+// end, if set, is the compute's registration with the event link
+// (startCompute), ended here.
+func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc, end func() bool) (v *payload.Value, _ Path, err error) {
+	if end != nil {
+		defer end()
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			r.Abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", p))
@@ -592,8 +601,16 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After
 	// published, so that an event arriving from now on finds the copy.
-	if b := c.bucket(); b != nil {
-		if stale, err := c.invalidatedRecord(ctx, b, r.ref.Tenant, rec); err == nil && stale {
+	// With the event link, an invalidation the reservation may precede is
+	// one whose event has marked this compute (startCompute); the others'
+	// tombstones came before the reservation. Without it, every commit
+	// reads its tombstone.
+	invalidated := true
+	if end != nil {
+		invalidated = end()
+	}
+	if b := c.bucket(); b != nil && invalidated {
+		if stale, err := c.invalidatedRecord(ctx, b, r.ref, rec); err == nil && stale {
 			c.dropInvalidated(ctx, b, r.ref, lease.Entry{Rev: r.Revision()})
 			obj := r.ref.Object()
 			c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)

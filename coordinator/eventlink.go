@@ -21,8 +21,9 @@ type eventLink struct {
 	notices  *events.NoticeSubscription
 	interval time.Duration
 
-	mu   sync.Mutex
-	meta map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
+	mu        sync.Mutex
+	meta      map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
+	computing map[computeKey]*computeMeta     // computes between their reservation and their value's meta; guarded by mu
 
 	stop    chan struct{} // closed by close: ends tick
 	flushed chan struct{} // closed when tick has returned
@@ -41,6 +42,21 @@ type valueMeta struct {
 	hit       bool      // a local hit since the copy was made or its record last read
 }
 
+// computeKey and computeMeta are the computes of this process that an
+// invalidation must find before their value has a valueMeta: from before
+// the reservation is sent until the value is published or the compute
+// ends without one.
+type computeKey struct {
+	obj   payload.ObjectID
+	model string
+	epoch uint64
+}
+
+type computeMeta struct {
+	n           int  // computes registered under the key (a Reservation beside a flight)
+	invalidated bool // an invalidation of its model and epoch arrived meanwhile
+}
+
 func (c *Cache) startEvents(ctx context.Context) error {
 	if _, err := events.EnsureStream(ctx, c.js, c.s.replicas); err != nil {
 		return err
@@ -50,7 +66,8 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		interval = min(c.s.storeTTL/4, time.Minute)
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
-		meta: make(map[payload.ObjectID]*valueMeta), stop: make(chan struct{}), flushed: make(chan struct{})}
+		meta: make(map[payload.ObjectID]*valueMeta), computing: make(map[computeKey]*computeMeta),
+		stop: make(chan struct{}), flushed: make(chan struct{})}
 	onBad := func(r events.BadReason) {
 		c.stats.eventsBad.Add(1)
 		c.tel.EventBad(r)
@@ -104,6 +121,38 @@ func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time) 
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
 	l.pub.Publish(e)
+}
+
+// startCompute records a compute of ref about to reserve it. Registered
+// before the reservation is sent, it is found by every invalidation whose
+// tombstone the reservation may precede: such an invalidation's event
+// comes after its tombstone, which comes after the reservation. The
+// returned end unregisters it and reports whether an invalidation of its
+// model and epoch arrived meanwhile; call it after the value is published
+// (its valueMeta then covers it), or when the compute ends without one.
+func (l *eventLink) startCompute(ref Ref) (end func() (invalidated bool)) {
+	k := computeKey{obj: ref.Object(), model: ref.Model, epoch: ref.Epoch}
+	l.mu.Lock()
+	m := l.computing[k]
+	if m == nil {
+		m = &computeMeta{}
+		l.computing[k] = m
+	}
+	m.n++
+	l.mu.Unlock()
+	var once sync.Once
+	var invalidated bool
+	return func() bool {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			invalidated = m.invalidated
+			if m.n--; m.n == 0 {
+				delete(l.computing, k)
+			}
+		})
+		return invalidated
+	}
 }
 
 // noteAt records a value this process pulled from loc, named by a record
@@ -294,6 +343,15 @@ func (l *eventLink) apply(e events.Event) {
 		for obj, m := range l.meta {
 			if obj.Tenant == e.Tenant && m.model == e.Model && m.epoch == e.Epoch {
 				stale = append(stale, obj)
+			}
+		}
+		// A compute in progress: its flight is marked (its value stays
+		// out of the local cache), and it reads its tombstone after the
+		// commit (computeUnder).
+		for k, m := range l.computing {
+			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
+				m.invalidated = true
+				stale = append(stale, k.obj)
 			}
 		}
 		l.mu.Unlock()

@@ -243,7 +243,17 @@ func TestFirstReconcilerSweeps(t *testing.T) {
 		a.GetOrCompute(context.Background(), "r", ref(i), cnt.fn(i))
 	}
 	a.Release("r")
-	waitFor(t, func() bool { return !readRecord(t, a, ref(0)).Live && a.Stats().Publisher.Published >= 3 })
+	waitFor(t, func() bool {
+		if readRecord(t, a, ref(0)).Live {
+			return false
+		}
+		stream, err := a.js.Stream(context.Background(), events.StreamName)
+		if err != nil {
+			return false
+		}
+		info, err := stream.Info(context.Background()) // the three published events are stored
+		return err == nil && info.State.Msgs >= 3
+	})
 	r, _ := startReconciler(t, srv.ClientURL(), store)
 	waitFor(t, func() bool { return store.Bytes() == 0 && r.Stats().Sweeps > 0 })
 	if s := r.Stats(); s.Expired != 3 || s.Sweeps != 1 {
@@ -358,6 +368,57 @@ func TestGarbageEventsAreSkipped(t *testing.T) {
 	if err := a.Invalidate(ctx, "a.b", "m", 1); err == nil || !strings.Contains(err.Error(), "tenant") {
 		t.Fatalf("invalidation with a bad tenant: %v", err)
 	}
+}
+
+// TestInvalidationPerShard: a record's revisions are its shard's, so an
+// invalidation is decided against the tombstone in the record's own
+// shard. Shard 0 and shard 1 are driven to different revisions: a record
+// of shard 1 reserved before the invalidation is refused though its
+// revision is past shard 0's tombstone, and one of shard 2 reserved after
+// it is served though shard 0's tombstone is past its revision. No
+// reconciler runs: the readers' checks alone decide.
+func TestInvalidationPerShard(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	a := eventCache(t, srv.ClientURL(), store, WithLeaseShards(3))
+	b := eventCache(t, srv.ClientURL(), store, WithLeaseShards(3))
+	ctx := context.Background()
+	var cnt counter
+	inShard := func(shard, n int) (keys []int) {
+		for i := 3; len(keys) < n; i++ {
+			if lease.ShardOf(ref(i).KVKey(), 3) == shard {
+				keys = append(keys, i)
+			}
+		}
+		return keys
+	}
+	stale, fresh := inShard(1, 1)[0], inShard(2, 1)[0]
+	for _, i := range append(inShard(1, 21)[1:], inShard(0, 20)...) { // two writes each
+		if _, err := a.GetOrCompute(ctx, "warm", ref(i), cnt.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, path, err := a.GetOrComputePath(ctx, "r", ref(stale), cnt.fn(stale)); err != nil || path != PathComputed {
+		t.Fatalf("key %d: %v %v", stale, path, err)
+	}
+	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, path, err := a.GetOrComputePath(ctx, "r", ref(fresh), cnt.fn(fresh)); err != nil || path != PathComputed {
+		t.Fatalf("key %d: %v %v", fresh, path, err)
+	}
+	v, path, err := b.GetOrComputePath(ctx, "r", ref(stale), cnt.fn(stale))
+	if err != nil || path != PathComputed || cnt.n[stale].Load() != 2 {
+		t.Fatalf("shard 1's record reserved before the invalidation: %v %v, %d computes; want it refused and computed again",
+			path, err, cnt.n[stale].Load())
+	}
+	sameValue(t, v, stale)
+	v, path, err = b.GetOrComputePath(ctx, "r", ref(fresh), cnt.fn(fresh))
+	if err != nil || path != PathRemoteHit || cnt.n[fresh].Load() != 1 {
+		t.Fatalf("shard 2's record reserved after the invalidation: %v %v, %d computes; want it served",
+			path, err, cnt.n[fresh].Load())
+	}
+	sameValue(t, v, fresh)
 }
 
 // TestShardedBucket: with the keys spread over three KV buckets, values

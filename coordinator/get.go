@@ -74,7 +74,7 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 		return nil, err
 	}
 	c.obs.fetched(ref, *rec.Location, rec.Expires)
-	stale, err := c.invalidatedRecord(ctx, b, ref.Tenant, rec)
+	stale, err := c.invalidatedRecord(ctx, b, ref, rec)
 	if err != nil || stale {
 		v.Close()
 		c.obs.dropped(ref.Object())

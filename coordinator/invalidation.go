@@ -14,18 +14,29 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// invalidatedRecord reports whether rec, a committed record of tenant, was
+// invalidatedRecord reports whether rec, ref's committed record, was
 // reserved before the latest invalidation of its model and epoch: the
-// tombstone's revision is later than the reservation's. The tombstone is
-// read from the stream leader, so an Invalidate that has returned is seen.
-func (c *Cache) invalidatedRecord(ctx context.Context, b *lease.Bucket, tenant string, rec lease.Record) (bool, error) {
+// tombstone in its shard has a later revision than the reservation. The
+// tombstone is read from the stream leader, so an Invalidate that has
+// returned is seen.
+func (c *Cache) invalidatedRecord(ctx context.Context, b *lease.Bucket, ref Ref, rec lease.Record) (bool, error) {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	stale, err := b.Invalidated(octx, tenant, rec)
+	stale, err := b.Invalidated(octx, ref.KVKey(), rec)
 	if errors.Is(err, ErrBadRecord) {
 		c.badRecord(err) // maybe a newer version's tombstone: not shared, not purged
 	}
 	return stale, err
+}
+
+// startCompute registers a compute of ref, about to reserve it, with the
+// event link (eventLink.startCompute); nil without events, where nothing
+// else tells a compute of an invalidation.
+func (c *Cache) startCompute(ref Ref) func() bool {
+	if l := c.eventLink(); l != nil {
+		return l.startCompute(ref)
+	}
+	return nil
 }
 
 // errInvalidated is a pulled record refused (and purged) because its model
@@ -115,7 +126,7 @@ func invalidate(ctx context.Context, b *lease.Bucket, pub *events.Publisher, own
 	now := time.Now()
 	tomb := lease.Record{V: lease.RecordVersion, State: lease.StateInvalidated, Owner: owner, Started: now, Heartbeat: now,
 		Model: model, Epoch: epoch}
-	if _, err := b.Put(ctx, lease.TombstoneKey(tenant, model, epoch), tomb, lease.TombstoneTTL(storeTTL)); err != nil {
+	if err := b.PutTombstone(ctx, tenant, model, epoch, tomb, lease.TombstoneTTL(storeTTL)); err != nil {
 		return nil, err
 	}
 	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,

@@ -20,14 +20,23 @@ var ErrClosed = errors.New("events: publisher closed")
 // workers drain a bounded queue. When the queue is full the event is
 // dropped and counted (with a warning at most once per WarnEvery): the
 // hot path never blocks and never spawns a goroutine per event.
+//
+// Of the events queued with Publish, one in AckEvery waits for the
+// stream's acknowledgement; the others are plain publishes the stream
+// stores without answering. Nothing retries a refused event either way
+// (they are hints for the reconciler and the stream's readers, see
+// docs/protocol.md 4.7), so an answer per event bought only a counter;
+// one per AckEvery still tells a stream that refuses (no leader, no
+// permission, deleted) within AckEvery events, counted and logged.
 type Publisher struct {
 	js      jetstream.JetStream
 	queue   chan *nats.Msg
 	logger  *slog.Logger
 	timeout time.Duration
 
-	published, dropped, errs, invalid atomic.Uint64
-	lastWarn                          atomic.Int64 // unix nanos of the last drop warning
+	queued                                   atomic.Uint64 // events taken by a worker: picks which are acknowledged
+	published, acked, dropped, errs, invalid atomic.Uint64
+	lastWarn, lastErrWarn                    atomic.Int64 // unix nanos of the last drop and error warnings
 
 	mu     sync.RWMutex // guards closed against sends on a closed queue
 	closed bool
@@ -37,15 +46,20 @@ type Publisher struct {
 
 // PublisherStats counts what a Publisher did.
 type PublisherStats struct {
-	Published uint64 // acknowledged by the stream
-	Dropped   uint64 // queue full
-	Errors    uint64 // the publish failed
-	Invalid   uint64 // the event did not validate
-	Queued    int    // waiting now
+	Published    uint64 // sent to the server (Acknowledged of them confirmed stored)
+	Acknowledged uint64 // acknowledged by the stream
+	Dropped      uint64 // queue full
+	Errors       uint64 // the publish failed, or the stream refused an acknowledged one
+	Invalid      uint64 // the event did not validate
+	Queued       int    // waiting now
 }
 
-// WarnEvery bounds the drop warnings.
+// WarnEvery bounds the drop and error warnings.
 const WarnEvery = 10 * time.Second
+
+// AckEvery is how many events Publish sends per acknowledged one: the
+// first, then every AckEvery-th.
+const AckEvery = 64
 
 // NewPublisher starts workers goroutines draining a queue of queueSize.
 func NewPublisher(js jetstream.JetStream, workers, queueSize int, logger *slog.Logger) *Publisher {
@@ -74,12 +88,24 @@ func (p *Publisher) work() {
 			continue
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-		_, err := p.js.PublishMsg(ctx, msg)
-		cancel()
+		var err error
+		if ack := (p.queued.Add(1)-1)%AckEvery == 0; ack {
+			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+			_, err = p.js.PublishMsg(ctx, msg)
+			cancel()
+			if err == nil {
+				p.acked.Add(1)
+			}
+		} else {
+			err = p.js.Conn().PublishMsg(msg)
+		}
 		if err != nil {
-			p.errs.Add(1)
-			p.logger.Debug("events: publish failed", "subject", msg.Subject, "err", err)
+			n := p.errs.Add(1)
+			now := time.Now().UnixNano()
+			if last := p.lastErrWarn.Load(); now-last >= int64(WarnEvery) && p.lastErrWarn.CompareAndSwap(last, now) {
+				p.logger.Warn("events: publish failed; events sent since the last acknowledged one may be lost too",
+					"subject", msg.Subject, "errors_total", n, "err", err)
+			}
 			continue
 		}
 		p.published.Add(1)
@@ -126,17 +152,19 @@ func (p *Publisher) PublishSync(ctx context.Context, e *Event) error {
 		return fmt.Errorf("events: publishing %s: %w", e.Subject(), err)
 	}
 	p.published.Add(1)
+	p.acked.Add(1)
 	return nil
 }
 
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
-	return PublisherStats{Published: p.published.Load(), Dropped: p.dropped.Load(),
+	return PublisherStats{Published: p.published.Load(), Acknowledged: p.acked.Load(), Dropped: p.dropped.Load(),
 		Errors: p.errs.Load(), Invalid: p.invalid.Load(), Queued: len(p.queue)}
 }
 
 // Close stops taking events and waits for the queue to drain, until ctx
-// ends; what is still queued then is counted as dropped.
+// ends; what is still queued then is counted as dropped. The events sent
+// without acknowledgement are flushed to the server before it returns.
 func (p *Publisher) Close(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed {
@@ -150,11 +178,24 @@ func (p *Publisher) Close(ctx context.Context) error {
 	go func() { p.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
+		return p.flush()
 	case <-ctx.Done():
 		left := len(p.queue)
 		close(p.abort)
 		<-done
 		return fmt.Errorf("events: close: %d events left unpublished: %w", left, ctx.Err())
 	}
+}
+
+// flush waits until the server has read what was sent without
+// acknowledgement (a closed connection has nothing left to send).
+func (p *Publisher) flush() error {
+	nc := p.js.Conn()
+	if nc.IsClosed() || p.published.Load() == p.acked.Load() {
+		return nil
+	}
+	if err := nc.FlushTimeout(p.timeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		return fmt.Errorf("events: close: flushing the events sent: %w", err)
+	}
+	return nil
 }

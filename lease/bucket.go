@@ -182,13 +182,16 @@ func (b *Bucket) Name() string { return b.cfg.Name }
 // (BucketConfig.Direct).
 func (b *Bucket) Direct() bool { return b.cfg.Direct }
 
-// shardName is the KV bucket that holds key.
-func (b *Bucket) shardName(key string) string {
-	return ShardName(b.cfg.Name, ShardOf(key, len(b.shards)))
-}
+// shardOf is the shard that holds key.
+func (b *Bucket) shardOf(key string) int { return ShardOf(key, len(b.shards)) }
 
 // Subject is the subject of key's messages, in its shard: $KV.<bucket>.<key>.
-func (b *Bucket) Subject(key string) string { return "$KV." + b.shardName(key) + "." + key }
+func (b *Bucket) Subject(key string) string { return b.subjectIn(b.shardOf(key), key) }
+
+// subjectIn is the subject of key's messages in shard.
+func (b *Bucket) subjectIn(shard int, key string) string {
+	return "$KV." + ShardName(b.cfg.Name, shard) + "." + key
+}
 
 // KeyOfSubject is the bucket key a message on a shard's subject is about:
 // $KV.<bucket>.<key>.
@@ -251,11 +254,16 @@ func (b *Bucket) Purge(ctx context.Context, key string, rev uint64) error {
 // Put writes r under key whatever is there, with a per-key TTL, and
 // returns the revision.
 func (b *Bucket) Put(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	return b.putIn(ctx, b.shardOf(key), key, r, ttl)
+}
+
+// putIn is Put into shard.
+func (b *Bucket) putIn(ctx context.Context, shard int, key string, r Record, ttl time.Duration) (uint64, error) {
 	data, err := r.encode()
 	if err != nil {
 		return 0, err
 	}
-	msg := &nats.Msg{Subject: b.Subject(key), Data: data}
+	msg := &nats.Msg{Subject: b.subjectIn(shard, key), Data: data}
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(wholeSeconds(ttl)))
 	if err != nil {
 		return 0, err
@@ -314,11 +322,16 @@ type Entry struct {
 // be answered by a follower that lags (a few percent of reads on R3), and
 // the protocol decides on what is current.
 func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
+	return b.readIn(ctx, b.shardOf(key), key)
+}
+
+// readIn is Read from shard.
+func (b *Bucket) readIn(ctx context.Context, shard int, key string) (Entry, error) {
 	if b.cfg.Direct {
-		return b.readDirect(ctx, key)
+		return b.readDirect(ctx, shard, key)
 	}
-	req, _ := json.Marshal(map[string]string{"last_by_subj": b.Subject(key)})
-	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.shardName(key), req)
+	req, _ := json.Marshal(map[string]string{"last_by_subj": b.subjectIn(shard, key)})
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+ShardName(b.cfg.Name, shard), req)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -364,9 +377,9 @@ func (b *Bucket) Read(ctx context.Context, key string) (Entry, error) {
 
 // readDirect reads the key's last message with
 // $JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>.
-func (b *Bucket) readDirect(ctx context.Context, key string) (Entry, error) {
-	subject := b.Subject(key)
-	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.shardName(key)+"."+subject, nil)
+func (b *Bucket) readDirect(ctx context.Context, shard int, key string) (Entry, error) {
+	subject := b.subjectIn(shard, key)
+	resp, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+ShardName(b.cfg.Name, shard)+"."+subject, nil)
 	if err != nil {
 		return Entry{}, err
 	}

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/embcache/embcache/events"
@@ -22,24 +23,46 @@ func TombstoneTTL(storeTTL time.Duration) time.Duration {
 	return max(events.MaxAge, 2*storeTTL)
 }
 
-// Invalidated reports whether rec, a committed record of tenant, was
-// reserved before the latest invalidation of its model and epoch (the
-// tombstone's revision is later than rec.Reserved). A tombstone that does
-// not decode is an error wrapping ErrBadRecord.
-func (b *Bucket) Invalidated(ctx context.Context, tenant string, rec Record) (bool, error) {
-	rev, err := b.Tombstone(ctx, tenant, rec.Model, rec.Epoch)
+// PutTombstone writes r, the tombstone of tenant's model and epoch, into
+// every shard, whatever is there, with the TTL ttl. A record's revisions
+// are its shard's sequence, so each shard holds the tombstone its own
+// records are compared with (docs/protocol.md 3.4). The invalidation
+// holds once every shard has its tombstone: on an error (the first one,
+// naming the shard) some may have it and some not, and the caller tries
+// again.
+func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch uint64, r Record, ttl time.Duration) error {
+	key := TombstoneKey(tenant, model, epoch)
+	for shard := range b.shards {
+		if _, err := b.putIn(ctx, shard, key, r, ttl); err != nil {
+			return fmt.Errorf("lease: tombstone %s in shard %d: %w", key, shard, err)
+		}
+	}
+	return nil
+}
+
+// Invalidated reports whether rec, the committed record at key
+// (<tenant>.<keyhex>), was reserved before the latest invalidation of its
+// model and epoch: the tombstone in key's shard has a later revision than
+// rec.Reserved. A tombstone that does not decode is an error wrapping
+// ErrBadRecord.
+func (b *Bucket) Invalidated(ctx context.Context, key string, rec Record) (bool, error) {
+	tenant, _, _ := strings.Cut(key, ".")
+	rev, err := b.Tombstone(ctx, b.shardOf(key), tenant, rec.Model, rec.Epoch)
 	return rev > rec.Reserved, err
 }
 
 // Tombstone returns the revision of the tombstone of tenant's model and
-// epoch, or 0 if there is none, read from the stream leader (a direct
-// get with BucketConfig.Direct: see docs/protocol.md 4.4).
-func (b *Bucket) Tombstone(ctx context.Context, tenant, model string, epoch uint64) (uint64, error) {
+// epoch in shard, or 0 if there is none, read from the stream leader (a
+// direct get with BucketConfig.Direct: see docs/protocol.md 4.4).
+func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string, epoch uint64) (uint64, error) {
 	if model == "" {
 		return 0, nil // nothing can invalidate it
 	}
+	if shard < 0 || shard >= len(b.shards) {
+		return 0, fmt.Errorf("lease: no shard %d in a bucket of %d", shard, len(b.shards))
+	}
 	key := TombstoneKey(tenant, model, epoch)
-	tomb, err := b.Read(ctx, key)
+	tomb, err := b.readIn(ctx, shard, key)
 	if err != nil {
 		return 0, err
 	}

@@ -359,7 +359,7 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 		cur.Record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.Record.Expires) {
 		return
 	}
-	if stale, err := b.Invalidated(octx, e.Tenant, cur.Record); err != nil || stale {
+	if stale, err := b.Invalidated(octx, key, cur.Record); err != nil || stale {
 		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
 	}
 	// The record may expire at its own expiry (set when it was written,
@@ -538,22 +538,24 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 }
 
 // applyInvalidation removes every committed record (and payload) of the
-// event's tenant, model and epoch reserved before its tombstone (every one,
-// for an event without a tombstone: an older release's invalidate). A
-// value computed since stays, also when the event is delivered again.
+// event's tenant, model and epoch reserved before its tombstone in the
+// record's shard (every one, in a shard without a tombstone: an older
+// release's invalidate). A value computed since stays, also when the
+// event is delivered again.
 func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events.Event) {
 	b := x.b
-	tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-	tomb, err := b.Tombstone(tctx, e.Tenant, e.Model, e.Epoch)
-	cancel()
-	if err != nil {
-		r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model, "err", err)
-		return
-	}
-	if tomb == 0 {
-		tomb = math.MaxUint64
-	}
-	for _, kv := range b.Shards() {
+	for shard, kv := range b.Shards() {
+		tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+		tomb, err := b.Tombstone(tctx, shard, e.Tenant, e.Model, e.Epoch)
+		cancel()
+		if err != nil {
+			r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model,
+				"bucket", kv.Bucket(), "err", err)
+			continue
+		}
+		if tomb == 0 {
+			tomb = math.MaxUint64
+		}
 		r.invalidateShard(ctx, x, kv, tomb, e)
 	}
 }

@@ -152,8 +152,13 @@ func (l *localOnly) detail() any      { return l.c.Stats() }
 // embcacheSystem is the real thing, joined as `embcache worker` joins.
 type embcacheSystem struct{ n *node.Node }
 
+// benchModel is the encoder the embcache systems name in their keys, as a
+// serving stack does: with a model and epoch, a remote hit reads the
+// invalidation tombstone too (docs/protocol.md 4.4).
+const benchModel = "bench-encoder"
+
 func (e *embcacheSystem) get(ctx context.Context, req string, key cachekey.Key, fn computeFunc) (*payload.Value, func(), error) {
-	v, err := e.n.Cache().GetOrCompute(ctx, req, coordinator.Ref{Tenant: "bench", Key: key}, fn)
+	v, err := e.n.Cache().GetOrCompute(ctx, req, coordinator.Ref{Tenant: "bench", Key: key, Model: benchModel, Epoch: 1}, fn)
 	return v, func() { e.n.Cache().Release(req) }, err
 }
 func (e *embcacheSystem) messages() uint64 {
