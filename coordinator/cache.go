@@ -66,7 +66,7 @@ type Cache struct {
 	js    jetstream.JetStream
 	local *localcache.Cache[payload.ObjectID, *payload.Value]
 	// expiries holds the record expiry of each value on its way into the
-	// local cache (payload.ObjectID -> time.Time), taken at its insertion:
+	// local cache (payload.ObjectID -> copyExpiry), taken at its insertion:
 	// a local copy lives as long as its record (docs/protocol.md 4.3).
 	expiries sync.Map
 	router   *payload.Router
@@ -119,7 +119,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 		localcache.WithExpiry(c.recordExpiry),
 		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, cause localcache.Cause) {
 			v.Close()
-			c.obs.evicted(k, cause)
+			c.obs.evicted(k, v, cause)
 		}),
 	}, s.local...)...)
 	if err != nil {
@@ -336,11 +336,16 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		switch {
 		case !cur.Live:
 			w.stop()
-			end := c.startCompute(ref)
-			r, err := c.reserve(ctx, b, ref)
-			if err != nil && end != nil {
-				end()
-			}
+			end := c.startCompute(ref, true)
+			var r *Reservation
+			func() {
+				defer func() { // no reservation (an error, a panic): no compute to register
+					if r == nil && end != nil {
+						end()
+					}
+				}()
+				r, err = c.reserve(ctx, b, ref)
+			}()
 			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
@@ -593,11 +598,16 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 		if !errors.Is(err, ErrLeaseLost) {
 			r.Abandon(context.WithoutCancel(ctx), err)
 		}
-		c.obs.unshared(r.ref)
+		c.obs.unshared(r.ref, v)
+		if end != nil && end() {
+			// An invalidation arrived while it computed: with no record
+			// to compare with its tombstone, it is not kept.
+			c.discard(r.ref.Object())
+		}
 		return v, PathComputed, nil
 	}
 	rec := r.l.Record()
-	c.obs.published(r.ref, loc, rec.Expires)
+	c.obs.published(r.ref, v, loc, rec.Expires)
 	// An invalidation that came while it computed: the caller gets the
 	// value it asked for, but the record and the local copy go (4.4). After
 	// published, so that an event arriving from now on finds the copy.
@@ -611,9 +621,8 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 	}
 	if b := c.bucket(); b != nil && invalidated {
 		if stale, err := c.invalidatedRecord(ctx, b, r.ref, rec); err == nil && stale {
-			c.dropInvalidated(ctx, b, r.ref, lease.Entry{Rev: r.Revision()})
-			obj := r.ref.Object()
-			c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
+			c.dropInvalidated(ctx, b, r.ref, v, lease.Entry{Rev: r.Revision()})
+			c.discard(r.ref.Object())
 		}
 	}
 	return v, PathComputed, nil
@@ -625,6 +634,12 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	if c.s.mode == ModeStrict {
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
+	// Registered until its copy is noted, as a compute under a lease is:
+	// an invalidation that arrives meanwhile keeps it out of the local
+	// cache (docs/protocol.md 4.4).
+	if end := c.startCompute(ref, false); end != nil {
+		defer end()
+	}
 	c.obs.degraded()
 	computeStart := time.Now()
 	v, err := fn(ctx)
@@ -632,7 +647,7 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	if err != nil {
 		return nil, PathDegraded, err
 	}
-	c.obs.unshared(ref)
+	c.obs.unshared(ref, v)
 	return v, PathDegraded, nil
 }
 

@@ -33,6 +33,7 @@ type eventLink struct {
 // event needs, what an invalidation must find, and when the copy's record
 // is read again (its expiry, and whether it was hit since).
 type valueMeta struct {
+	value     *payload.Value // the copy it describes: a copy of the key evicted later (detached, released) forgets only its own
 	loc       payload.Location
 	model     string
 	epoch     uint64
@@ -55,6 +56,10 @@ type computeKey struct {
 type computeMeta struct {
 	n           int  // computes registered under the key (a Reservation beside a flight)
 	invalidated bool // an invalidation of its model and epoch arrived meanwhile
+	// exact: a compute under a lease, which reads its tombstone when
+	// marked and drops its value if its reservation came first; a compute
+	// without one (degraded) cannot tell, and its flight is discarded.
+	exact bool
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
@@ -114,30 +119,32 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 }
 
 // published records a value this process committed, and announces it.
-func (l *eventLink) published(ref Ref, loc payload.Location, expires time.Time) {
+func (l *eventLink) published(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), expires: expires}
+	l.meta[ref.Object()] = &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), expires: expires}
 	l.mu.Unlock()
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
 	l.pub.Publish(e)
 }
 
-// startCompute records a compute of ref about to reserve it. Registered
-// before the reservation is sent, it is found by every invalidation whose
-// tombstone the reservation may precede: such an invalidation's event
-// comes after its tombstone, which comes after the reservation. The
-// returned end unregisters it and reports whether an invalidation of its
-// model and epoch arrived meanwhile; call it after the value is published
-// (its valueMeta then covers it), or when the compute ends without one.
-func (l *eventLink) startCompute(ref Ref) (end func() (invalidated bool)) {
+// startCompute records a compute of ref about to reserve it (exact) or
+// to run without the store. Registered before the reservation is sent, it
+// is found by every invalidation whose tombstone the reservation may
+// precede: such an invalidation's event comes after its tombstone, which
+// comes after the reservation. The returned end unregisters it and
+// reports whether an invalidation of its model and epoch arrived
+// meanwhile; call it after the value is noted (its valueMeta then covers
+// it), or when the compute ends without one.
+func (l *eventLink) startCompute(ref Ref, exact bool) (end func() (invalidated bool)) {
 	k := computeKey{obj: ref.Object(), model: ref.Model, epoch: ref.Epoch}
 	l.mu.Lock()
 	m := l.computing[k]
 	if m == nil {
-		m = &computeMeta{}
+		m = &computeMeta{exact: true}
 		l.computing[k] = m
 	}
+	m.exact = m.exact && exact
 	m.n++
 	l.mu.Unlock()
 	var once sync.Once
@@ -158,9 +165,9 @@ func (l *eventLink) startCompute(ref Ref) (end func() (invalidated bool)) {
 // noteAt records a value this process pulled from loc, named by a record
 // that expires at expires: an invalidation of its model and epoch finds
 // it, and its hits are touches.
-func (l *eventLink) noteAt(ref Ref, loc payload.Location, expires time.Time) {
+func (l *eventLink) noteAt(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
+	l.meta[ref.Object()] = &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
 	l.mu.Unlock()
 }
 
@@ -176,9 +183,9 @@ func (l *eventLink) holds(obj payload.ObjectID, sum payload.Checksum) bool {
 // note records a value this process holds with no record (computed
 // without the store, or a commit refused): an invalidation of its model
 // and epoch finds it; it has nothing to touch.
-func (l *eventLink) note(ref Ref) {
+func (l *eventLink) note(ref Ref, v *payload.Value) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{model: ref.Model, epoch: ref.Epoch}
+	l.meta[ref.Object()] = &valueMeta{value: v, model: ref.Model, epoch: ref.Epoch}
 	l.mu.Unlock()
 }
 
@@ -301,9 +308,11 @@ func (l *eventLink) abandoned(ref Ref, cause error) {
 }
 
 // forget drops the metadata of a value that left the local cache.
-func (l *eventLink) forget(obj payload.ObjectID) {
+func (l *eventLink) forget(obj payload.ObjectID, v *payload.Value) {
 	l.mu.Lock()
-	delete(l.meta, obj)
+	if m := l.meta[obj]; m != nil && m.value == v {
+		delete(l.meta, obj)
+	}
 	l.mu.Unlock()
 }
 
@@ -345,13 +354,18 @@ func (l *eventLink) apply(e events.Event) {
 				stale = append(stale, obj)
 			}
 		}
-		// A compute in progress: its flight is marked (its value stays
-		// out of the local cache), and it reads its tombstone after the
-		// commit (computeUnder).
+		// A compute in progress is marked: one under a lease reads its
+		// tombstone after the commit and drops its value if it is stale
+		// (computeUnder: the event may be older than its reservation, as
+		// is the invalidating process's own, applied twice); one without
+		// a lease has its flight discarded (its value stays out of the
+		// local cache).
 		for k, m := range l.computing {
 			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
 				m.invalidated = true
-				stale = append(stale, k.obj)
+				if !m.exact {
+					stale = append(stale, k.obj)
+				}
 			}
 		}
 		l.mu.Unlock()

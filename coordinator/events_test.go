@@ -393,7 +393,9 @@ func TestInvalidationPerShard(t *testing.T) {
 		return keys
 	}
 	stale, fresh := inShard(1, 1)[0], inShard(2, 1)[0]
-	for _, i := range append(inShard(1, 21)[1:], inShard(0, 20)...) { // two writes each
+	// Two writes a key: shard 1 reaches revision 60 before the stale
+	// record is reserved, shard 0 40 before its tombstone.
+	for _, i := range append(inShard(1, 31)[1:], inShard(0, 20)...) {
 		if _, err := a.GetOrCompute(ctx, "warm", ref(i), cnt.fn(i)); err != nil {
 			t.Fatal(err)
 		}

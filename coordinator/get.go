@@ -73,17 +73,17 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 		c.obs.pullFailed(ref, *rec.Location, err)
 		return nil, err
 	}
-	c.obs.fetched(ref, *rec.Location, rec.Expires)
+	c.obs.fetched(ref, v, *rec.Location, rec.Expires)
 	stale, err := c.invalidatedRecord(ctx, b, ref, rec)
 	if err != nil || stale {
 		v.Close()
-		c.obs.dropped(ref.Object())
+		c.obs.dropped(ref.Object(), v)
 		if err != nil {
 			return nil, &tombstoneError{err}
 		}
-		c.dropInvalidated(ctx, b, ref, cur)
+		c.dropInvalidated(ctx, b, ref, v, cur)
 		return nil, errInvalidated
 	}
-	c.obs.pulled(ctx, ref, *rec.Location, rec.Expires, time.Since(start))
+	c.obs.pulled(ctx, ref, v, *rec.Location, rec.Expires, time.Since(start))
 	return v, nil
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -29,14 +31,21 @@ func (c *Cache) invalidatedRecord(ctx context.Context, b *lease.Bucket, ref Ref,
 	return stale, err
 }
 
-// startCompute registers a compute of ref, about to reserve it, with the
-// event link (eventLink.startCompute); nil without events, where nothing
-// else tells a compute of an invalidation.
-func (c *Cache) startCompute(ref Ref) func() bool {
+// startCompute registers a compute of ref, about to reserve it (exact)
+// or to run without the store, with the event link
+// (eventLink.startCompute); nil without events, where nothing else tells
+// a compute of an invalidation.
+func (c *Cache) startCompute(ref Ref, exact bool) func() bool {
 	if l := c.eventLink(); l != nil {
-		return l.startCompute(ref)
+		return l.startCompute(ref, exact)
 	}
 	return nil
+}
+
+// discard keeps the value of obj being computed out of the local cache
+// (its flight is marked; a copy already there goes too).
+func (c *Cache) discard(obj payload.ObjectID) {
+	c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
 }
 
 // errInvalidated is a pulled record refused (and purged) because its model
@@ -55,8 +64,8 @@ func (e *tombstoneError) Unwrap() error { return e.err }
 // dropInvalidated removes a committed record that an invalidation made
 // stale (if nobody changed it meanwhile), so the key is computed again,
 // and forgets what its pull noted for the local cache.
-func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.Entry) {
-	c.obs.invalidatedRecord(ref)
+func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, v *payload.Value, cur lease.Entry) {
+	c.obs.invalidatedRecord(ref, v)
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
 	if err := b.PurgeFor(octx, ref.KVKey(), cur.Rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {

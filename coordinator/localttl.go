@@ -15,11 +15,18 @@ import (
 // committed expires with its record; any other (computed without the
 // store) slides.
 func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time, bool) {
-	t, ok := c.expiries.LoadAndDelete(obj)
+	e, ok := c.expiries.LoadAndDelete(obj)
 	if !ok {
 		return time.Time{}, false
 	}
-	return t.(time.Time), true
+	return e.(copyExpiry).expires, true
+}
+
+// copyExpiry is a value's record expiry on its way into the local cache
+// (Cache.expiries), with the value it is for.
+type copyExpiry struct {
+	value   *payload.Value
+	expires time.Time
 }
 
 // copyDue is a local copy whose expiry is near: its record is read again.

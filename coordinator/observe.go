@@ -89,19 +89,19 @@ func (o observations) lateWrite() { o.c.stats.lateWrites.Add(1) }
 
 // published: this process committed ref's value at loc, until expires;
 // its local copy lives as long.
-func (o observations) published(ref Ref, loc payload.Location, expires time.Time) {
-	o.c.expiries.Store(ref.Object(), expires)
+func (o observations) published(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
+	o.c.expiries.Store(ref.Object(), copyExpiry{v, expires})
 	if l := o.c.eventLink(); l != nil {
-		l.published(ref, loc, expires)
+		l.published(ref, v, loc, expires)
 	}
 }
 
 // unshared: a value computed here that is not the cluster's copy (not
 // committed, or computed without the store): a later invalidation of its
 // model and epoch must still drop it.
-func (o observations) unshared(ref Ref) {
+func (o observations) unshared(ref Ref, v *payload.Value) {
 	if l := o.c.eventLink(); l != nil {
-		l.note(ref)
+		l.note(ref, v)
 	}
 }
 
@@ -111,15 +111,15 @@ func (o observations) degraded() { o.c.stats.degraded.Add(1) }
 // fetched: a committed value of ref arrived from loc, its record
 // expiring at expires; whether it may be served is decided next (its
 // tombstone).
-func (o observations) fetched(ref Ref, loc payload.Location, expires time.Time) {
+func (o observations) fetched(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
 	if l := o.c.eventLink(); l != nil {
-		l.noteAt(ref, loc, expires)
+		l.noteAt(ref, v, loc, expires)
 	}
 }
 
 // pulled: a fetched value is served: a remote hit, and a use.
-func (o observations) pulled(ctx context.Context, ref Ref, loc payload.Location, expires time.Time, took time.Duration) {
-	o.c.expiries.Store(ref.Object(), expires)
+func (o observations) pulled(ctx context.Context, ref Ref, v *payload.Value, loc payload.Location, expires time.Time, took time.Duration) {
+	o.c.expiries.Store(ref.Object(), copyExpiry{v, expires})
 	o.c.stats.remoteHits.Add(1)
 	o.c.tel.pullBytes.Add(ctx, loc.Size)
 	o.c.tel.pullTime.Record(ctx, took.Seconds())
@@ -136,26 +136,31 @@ func (o observations) pullFailed(ref Ref, loc payload.Location, err error) {
 		"location", loc.Object, "node", loc.Node, "err", err)
 }
 
-// dropped: this process will not keep obj (refused after its fetch, or
-// its record invalidated): forget what was noted for its local copy.
-func (o observations) dropped(obj payload.ObjectID) {
-	o.c.expiries.Delete(obj)
+// dropped: this process will not keep v, a copy of obj (refused after
+// its fetch, its record invalidated, or evicted): forget what was noted
+// for it. Only for it: an older copy of the key, detached and released
+// after a newer one was noted, must not take the newer one's notes (an
+// invalidation would no longer find the newer copy).
+func (o observations) dropped(obj payload.ObjectID, v *payload.Value) {
+	if e, ok := o.c.expiries.Load(obj); ok && e.(copyExpiry).value == v {
+		o.c.expiries.CompareAndDelete(obj, e)
+	}
 	if l := o.c.eventLink(); l != nil {
-		l.forget(obj)
+		l.forget(obj, v)
 	}
 }
 
 // invalidatedRecord: a committed record refused because an invalidation
-// came after its reservation.
-func (o observations) invalidatedRecord(ref Ref) {
+// came after its reservation; v is the copy made of it.
+func (o observations) invalidatedRecord(ref Ref, v *payload.Value) {
 	o.c.stats.invalidatedRecords.Add(1)
-	o.dropped(ref.Object())
+	o.dropped(ref.Object(), v)
 }
 
-// evicted: a value left the local cache.
-func (o observations) evicted(obj payload.ObjectID, cause localcache.Cause) {
+// evicted: v, a copy of obj, left the local cache.
+func (o observations) evicted(obj payload.ObjectID, v *payload.Value, cause localcache.Cause) {
 	o.c.tel.evicted(cause)
-	o.dropped(obj)
+	o.dropped(obj, v)
 }
 
 // staleTakeover and badRecordPurged: a key freed from a record nobody

@@ -380,7 +380,7 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !late {
-				waitFor(t, func() bool { return a.Stats().EventsDecoded >= 1 })
+				waitFor(t, func() bool { return computeMarked(a, ref(1)) }) // the event applied, not only decoded
 			}
 			close(finish)
 			if err := <-done; err != nil {
@@ -410,4 +410,47 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// computeMarked reports whether an invalidation's event has marked c's
+// registered compute of r (eventLink.startCompute).
+func computeMarked(c *Cache, r Ref) bool {
+	l := c.eventLink()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.computing[computeKey{obj: r.Object(), model: r.Model, epoch: r.Epoch}]
+	return m != nil && m.invalidated
+}
+
+// TestReleasedOldCopyKeepsTheNewCopysNotes: a copy detached by an
+// invalidation and released after the key was computed again must not
+// take the new copy's notes with it, or the next invalidation would not
+// find the new copy.
+func TestReleasedOldCopyKeepsTheNewCopysNotes(t *testing.T) {
+	url, store := memoryCluster(t)
+	a := eventCache(t, url, store)
+	b := eventCache(t, url, store) // invalidates: a hears each event once, from the stream
+	ctx := context.Background()
+	obj := ref(1).Object()
+	var cnt counter
+	if _, err := a.GetOrCompute(ctx, "old", ref(1), cnt.fn(1)); err != nil { // pinned by "old"
+		t.Fatal(err)
+	}
+	if err := b.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !a.local.Contains(obj) }) // detached, still pinned
+
+	if _, path, err := a.GetOrComputePath(ctx, "new", ref(1), cnt.fn(1)); err != nil || path != PathComputed {
+		t.Fatalf("after the invalidation: %v %v, want the key computed again", path, err)
+	}
+	a.Release("new")
+	if !a.local.Contains(obj) {
+		t.Fatal("the new copy is not in the local cache")
+	}
+	a.Release("old") // the old copy goes now
+	if err := b.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !a.local.Contains(obj) })
 }

@@ -175,7 +175,7 @@ func TestPublisherDropsWhenFullAndCountsErrors(t *testing.T) {
 	// The first event waits for an acknowledgement that cannot come; the
 	// ones queued behind it go to the connection's reconnect buffer, which
 	// Close cannot flush: it says so.
-	if err := pub.Close(ctx); err == nil || !strings.Contains(err.Error(), "flushing") {
+	if err := pub.Close(ctx); err == nil || !strings.Contains(err.Error(), "not flushed") {
 		t.Fatalf("close with the server down: %v, want a flush error", err)
 	}
 	s := pub.Stats()

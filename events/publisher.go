@@ -46,7 +46,7 @@ type Publisher struct {
 
 // PublisherStats counts what a Publisher did.
 type PublisherStats struct {
-	Published    uint64 // sent to the server (Acknowledged of them confirmed stored)
+	Published    uint64 // handed to the connection (Acknowledged of them confirmed stored)
 	Acknowledged uint64 // acknowledged by the stream
 	Dropped      uint64 // queue full
 	Errors       uint64 // the publish failed, or the stream refused an acknowledged one
@@ -178,7 +178,7 @@ func (p *Publisher) Close(ctx context.Context) error {
 	go func() { p.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return p.flush()
+		return p.flush(ctx)
 	case <-ctx.Done():
 		left := len(p.queue)
 		close(p.abort)
@@ -188,14 +188,25 @@ func (p *Publisher) Close(ctx context.Context) error {
 }
 
 // flush waits until the server has read what was sent without
-// acknowledgement (a closed connection has nothing left to send).
-func (p *Publisher) flush() error {
+// acknowledgement, until ctx ends (or the publish timeout, if ctx has no
+// deadline). A reconnecting connection holds them in its buffer, sent only
+// if it reconnects, which Close does not wait for: an error. A closed
+// connection has nothing left to send.
+func (p *Publisher) flush(ctx context.Context) error {
 	nc := p.js.Conn()
-	if nc.IsClosed() || p.published.Load() == p.acked.Load() {
+	if p.published.Load() == p.acked.Load() || nc.IsClosed() {
 		return nil
 	}
-	if err := nc.FlushTimeout(p.timeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		return fmt.Errorf("events: close: flushing the events sent: %w", err)
+	if nc.IsReconnecting() {
+		return errors.New("events: close: not flushed: the connection is reconnecting; the events sent since the last acknowledged one wait in its buffer")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("events: close: not flushed: %w", err)
 	}
 	return nil
 }

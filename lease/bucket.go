@@ -70,8 +70,10 @@ func ShardName(name string, i int) string {
 
 // ShardOf is the shard of a bucket key among k shards: for a value's key,
 // <tenant>.<64 hex>, the key's first byte modulo k (keys are BLAKE3
-// digests, so shards fill evenly); every other key (tombstones, the
-// reconcilers' election) is in shard 0.
+// digests, so shards fill evenly); every other key (the reconcilers'
+// election) is in shard 0. Tombstones are the exception: one in every
+// shard (PutTombstone, Tombstone), so Read, Put and Purge of a tombstone's
+// key reach shard 0's alone.
 func ShardOf(key string, k int) int {
 	if k <= 1 {
 		return 0

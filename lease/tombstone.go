@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/embcache/embcache/events"
@@ -16,6 +17,13 @@ func TombstoneKey(tenant, model string, epoch uint64) string {
 	return tenant + ".inv." + events.InvalidationKey(model, epoch).String()
 }
 
+// IsTombstoneKey reports whether a bucket key is a tombstone's
+// (<tenant>.inv.<hex>).
+func IsTombstoneKey(key string) bool {
+	_, rest, _ := strings.Cut(key, ".")
+	return strings.HasPrefix(rest, "inv.")
+}
+
 // TombstoneTTL is how long a tombstone lives: longer than any record it
 // refuses, which expire within a store TTL once nothing extends them, and
 // at least as long as the event stream keeps the invalidated event.
@@ -26,15 +34,26 @@ func TombstoneTTL(storeTTL time.Duration) time.Duration {
 // PutTombstone writes r, the tombstone of tenant's model and epoch, into
 // every shard, whatever is there, with the TTL ttl. A record's revisions
 // are its shard's sequence, so each shard holds the tombstone its own
-// records are compared with (docs/protocol.md 3.4). The invalidation
-// holds once every shard has its tombstone: on an error (the first one,
-// naming the shard) some may have it and some not, and the caller tries
-// again.
+// records are compared with (docs/protocol.md 3.4). The shards are written
+// at once, so the invalidation costs one write's time whatever their
+// number. It holds once every shard has its tombstone: on an error (the
+// first one, naming its shard) some may have it and some not, and the
+// caller tries again.
 func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch uint64, r Record, ttl time.Duration) error {
 	key := TombstoneKey(tenant, model, epoch)
+	errs := make([]error, len(b.shards))
+	var wg sync.WaitGroup
 	for shard := range b.shards {
-		if _, err := b.putIn(ctx, shard, key, r, ttl); err != nil {
-			return fmt.Errorf("lease: tombstone %s in shard %d: %w", key, shard, err)
+		wg.Go(func() {
+			if _, err := b.putIn(ctx, shard, key, r, ttl); err != nil {
+				errs[shard] = fmt.Errorf("lease: tombstone %s in shard %d: %w", key, shard, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil

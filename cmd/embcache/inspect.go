@@ -136,6 +136,17 @@ func newLeasesGet(cf *connFlags) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", value)
+			if lease.IsTombstoneKey(args[0]) && len(kv.Shards()) > 1 {
+				// One copy per shard, each at its shard's revision: the one a
+				// record is compared with is its own shard's.
+				revs, err := inspect.TombstoneRevisions(ctx, kv, args[0])
+				if err != nil {
+					return err
+				}
+				for shard, r := range revs {
+					fmt.Fprintf(cmd.ErrOrStderr(), "shard %d (%s): revision %d\n", shard, lease.ShardName(kv.Name(), shard), r)
+				}
+			}
 			if _, err := lease.DecodeRecord(value); err != nil {
 				// Printed as it is (what an operator needs to see), and an
 				// error: the processes cannot read it either.

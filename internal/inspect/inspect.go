@@ -27,18 +27,22 @@ func Bucket(ctx context.Context, nc *nats.Conn) (*lease.Bucket, error) {
 // Keys returns the first limit of the bucket's keys in sorted order, over
 // every shard (of one tenant if tenant is not ""; every key if limit is
 // 0), and how many there are: it holds at most 2 x limit keys at a time,
-// whatever the bucket's size.
+// whatever the bucket's size. A tombstone, which every shard holds a copy
+// of (docs/protocol.md 3.4), is listed and counted once.
 func Keys(ctx context.Context, b *lease.Bucket, tenant string, limit int) (keys []string, total int, err error) {
 	filter := ">"
 	if tenant != "" {
 		filter = tenant + ".>"
 	}
-	for _, kv := range b.Shards() {
+	for shard, kv := range b.Shards() {
 		lister, err := kv.ListKeysFiltered(ctx, filter)
 		if err != nil {
 			return nil, 0, err
 		}
 		for k := range lister.Keys() {
+			if shard > 0 && lease.IsTombstoneKey(k) {
+				continue // shard 0's copy is listed
+			}
 			total++
 			keys = append(keys, k)
 			if limit > 0 && len(keys) >= 2*limit {
@@ -54,8 +58,9 @@ func Keys(ctx context.Context, b *lease.Bucket, tenant string, limit int) (keys 
 	return keys, total, nil
 }
 
-// Record returns the value under key as it is stored (in the key's shard),
-// and its revision; ErrNoRecord if there is none. Whether it decodes is
+// Record returns the value under key as it is stored (in the key's shard;
+// shard 0's copy of a tombstone: see TombstoneRevisions), and its
+// revision; ErrNoRecord if there is none. Whether it decodes is
 // lease.DecodeRecord's to say.
 func Record(ctx context.Context, b *lease.Bucket, key string) ([]byte, uint64, error) {
 	e, err := b.KV(key).Get(ctx, key)
@@ -66,6 +71,25 @@ func Record(ctx context.Context, b *lease.Bucket, key string) ([]byte, uint64, e
 		return nil, 0, err
 	}
 	return e.Value(), e.Revision(), nil
+}
+
+// TombstoneRevisions returns the revision of the tombstone key in each
+// shard (0 where a shard has none): a record is compared with its own
+// shard's (docs/protocol.md 3.4).
+func TombstoneRevisions(ctx context.Context, b *lease.Bucket, key string) ([]uint64, error) {
+	var revs []uint64
+	for _, kv := range b.Shards() {
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			revs = append(revs, 0)
+		case err != nil:
+			return nil, err
+		default:
+			revs = append(revs, e.Revision())
+		}
+	}
+	return revs, nil
 }
 
 // Summary is the state of the bucket and the event stream; each part is
