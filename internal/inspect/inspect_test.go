@@ -28,7 +28,7 @@ func TestKeysRecordAndSummary(t *testing.T) {
 		t.Fatal("a bucket before any was created")
 	}
 	// Three shards: the keys land in 1, 2 and 0 (their first byte mod 3).
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Shards: 3})
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Shards: 3, MarkerTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,5 +86,19 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	sum, err = inspect.Summarize(ctx, js, false)
 	if err != nil || sum.Events == nil || sum.Events.Messages != 1 || sum.LiveValues != nil {
 		t.Fatalf("without live: %+v %v", sum, err)
+	}
+
+	// A tombstone: a copy in every shard, listed once, a revision in each.
+	now := time.Now()
+	tomb := lease.Record{V: lease.RecordVersion, State: lease.StateInvalidated, Owner: "test", Started: now, Heartbeat: now, Model: "m", Epoch: 1}
+	if err := b.PutTombstone(ctx, "acme", "m", 1, tomb, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	tk := lease.TombstoneKey("acme", "m", 1)
+	if keys, n, err := inspect.Keys(ctx, kv, "acme", 0); err != nil || n != 3 || !slices.Contains(keys, tk) {
+		t.Fatalf("acme's keys with a tombstone %v %d %v", keys, n, err)
+	}
+	if revs, err := inspect.TombstoneRevisions(ctx, kv, tk); err != nil || len(revs) != 3 || slices.Contains(revs, 0) {
+		t.Fatalf("the tombstone's revisions %v %v, want one in each of 3 shards", revs, err)
 	}
 }
