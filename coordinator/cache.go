@@ -336,16 +336,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		switch {
 		case !cur.Live:
 			w.stop()
-			end := c.startCompute(ref, true)
-			var r *Reservation
-			func() {
-				defer func() { // no reservation (an error, a panic): no compute to register
-					if r == nil && end != nil {
-						end()
-					}
-				}()
-				r, err = c.reserve(ctx, b, ref)
-			}()
+			r, end, err := c.reserveToCompute(ctx, b, ref)
 			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
 				// Someone got there first: read what they wrote. A read that
 				// lags (a follower's direct get) could make this spin; back off.
@@ -649,6 +640,20 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	}
 	c.obs.unshared(ref, v)
 	return v, PathDegraded, nil
+}
+
+// reserveToCompute is reserve for a compute of this process's own,
+// registered with the event link first (startCompute): end, nil without
+// events, is the registration, ended already if there is no reservation.
+func (c *Cache) reserveToCompute(ctx context.Context, b *lease.Bucket, ref Ref) (r *Reservation, end func() bool, err error) {
+	end = c.startCompute(ref, true)
+	defer func() { // an error or a panic: no compute to register
+		if r == nil && end != nil {
+			end()
+		}
+	}()
+	r, err = c.reserve(ctx, b, ref)
+	return r, end, err
 }
 
 // Reserve takes ref's lease for this process: the caller computes, then

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -696,16 +697,7 @@ func createKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 // end with the test.
 func threeNodeJS(t *testing.T, ctx context.Context) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Shutdown)
-	nc, err := cl.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	_, nc := natstest.Cluster(ctx, t, 3)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
