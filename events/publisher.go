@@ -101,11 +101,8 @@ func (p *Publisher) work() {
 		}
 		if err != nil {
 			n := p.errs.Add(1)
-			now := time.Now().UnixNano()
-			if last := p.lastErrWarn.Load(); now-last >= int64(WarnEvery) && p.lastErrWarn.CompareAndSwap(last, now) {
-				p.logger.Warn("events: publish failed; events sent since the last acknowledged one may be lost too",
-					"subject", msg.Subject, "errors_total", n, "err", err)
-			}
+			p.warnEvery(&p.lastErrWarn, "events: publish failed; events sent since the last acknowledged one may be lost too",
+				"subject", msg.Subject, "errors_total", n, "err", err)
 			continue
 		}
 		p.published.Add(1)
@@ -132,11 +129,17 @@ func (p *Publisher) Publish(e *Event) bool {
 		return true
 	default:
 		n := p.dropped.Add(1)
-		now := time.Now().UnixNano()
-		if last := p.lastWarn.Load(); now-last >= int64(WarnEvery) && p.lastWarn.CompareAndSwap(last, now) {
-			p.logger.Warn("events: publish queue full, dropping events", "dropped_total", n, "queue", cap(p.queue))
-		}
+		p.warnEvery(&p.lastWarn, "events: publish queue full, dropping events", "dropped_total", n, "queue", cap(p.queue))
 		return false
+	}
+}
+
+// warnEvery logs msg at most once per WarnEvery; last holds when it was
+// last logged (unix nanos).
+func (p *Publisher) warnEvery(last *atomic.Int64, msg string, args ...any) {
+	now := time.Now().UnixNano()
+	if prev := last.Load(); now-prev >= int64(WarnEvery) && last.CompareAndSwap(prev, now) {
+		p.logger.Warn(msg, args...)
 	}
 }
 
