@@ -310,12 +310,21 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	key := ref.KVKey()
 	w := waiter{}
 	defer w.stop()
+	var heard *lease.Change // a change the wait heard, taken instead of a read
 	for attempt := 0; ; attempt++ {
-		octx, cancel := c.opContext(ctx)
-		cur, err := b.Read(octx, key)
-		cancel()
+		var cur lease.Entry
+		var err error
+		countBad := c.badRecord
+		if heard != nil {
+			cur, err, heard = heard.Entry, heard.Err, nil
+			countBad = c.badRecordWatched
+		} else {
+			octx, cancel := c.opContext(ctx)
+			cur, err = b.Read(octx, key)
+			cancel()
+		}
 		if errors.Is(err, ErrBadRecord) {
-			c.badRecord(err)
+			countBad(err)
 			if c.purgeUnreadable(ctx, b, key, cur, err) {
 				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 					return nil, PathWaited, err
@@ -395,65 +404,54 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				// Subscribe, then read again: a change between the first
 				// read and the subscription is in the second read, and any
 				// after it reaches the subscription. Only a waiter
-				// subscribes (a hit or a reservation needs no hints).
-				// Without hints (a subscription refused) the polls alone
-				// wake it.
-				if err := w.subscribe(b, key, c.badRecordWatched); err != nil {
-					c.s.logger.Debug("embcache: no hints for a key, polling", "key", key, "err", err)
+				// subscribes (a hit or a reservation needs no changes).
+				// Without changes (a subscription refused, a bucket that
+				// does not republish) the polls alone wake it.
+				if err := w.subscribe(b, key); err != nil {
+					c.s.logger.Debug("embcache: no changes for a key, polling", "key", key, "err", err)
 				}
 				continue
 			}
-			if err := w.wait(ctx, c.s.pollInterval); err != nil {
+			ch, err := w.wait(ctx, c.s.pollInterval)
+			if err != nil {
 				return nil, PathWaited, c.waitEnded(ctx, key, cur)
 			}
+			heard = ch
 		}
 	}
 }
 
 // waiter is one request's wait for a key computed elsewhere: its
-// subscription to the key's hints, and how it polls.
+// subscription to the key's changes, and how it polls.
 type waiter struct {
 	waited     bool
 	subscribed bool
-	wake       <-chan struct{}
+	changes    <-chan lease.Change
 	done       func()
-	hinted     bool // a hint woke it, and the reads since still show the key computing
-	rereads    int  // reads since that hint
-	polls      int  // waits without a hint so far
+	polls      int // waits without a change so far
 }
 
-func (w *waiter) subscribe(b *lease.Bucket, key string, onBad func(error)) error {
+func (w *waiter) subscribe(b *lease.Bucket, key string) error {
 	w.subscribed = true
-	wake, done, err := b.Hints(key, onBad)
-	w.wake, w.done = wake, done
+	ch, done, err := b.Changes(key)
+	w.changes, w.done = ch, done
 	return err
 }
 
-// wait blocks until the next read is due: soon after a hint (while the
-// reads still show the key computing), else at the next poll or hint.
-// The error is ctx's.
-func (w *waiter) wait(ctx context.Context, poll time.Duration) error {
-	if w.hinted && w.rereads < hintRereads {
-		// A hint reaches a core subscriber as the write is sent, before
-		// the stream has stored it: the read can still show the key
-		// computing (at the old revision, or at a renewal's). Read again
-		// shortly rather than wait for the poll (a write JetStream refused
-		// ends here too, after the last of these reads).
-		w.rereads++
-		return sleepCtx(ctx, time.Millisecond<<w.rereads)
-	}
-	w.hinted, w.rereads = false, 0
+// wait blocks until the key's stream stores a change worth acting on
+// (returned, to be taken as a read) or the next poll is due (nil). The
+// error is ctx's.
+func (w *waiter) wait(ctx context.Context, poll time.Duration) (*lease.Change, error) {
 	t := time.NewTimer(pollDelay(poll, w.polls))
 	defer t.Stop()
 	w.polls++
 	select {
-	case <-w.wake:
-		w.hinted = true
-		return nil
+	case ch := <-w.changes:
+		return &ch, nil
 	case <-t.C:
-		return nil
+		return nil, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -461,17 +459,16 @@ func (w *waiter) wait(ctx context.Context, poll time.Duration) error {
 func (w *waiter) stop() {
 	if w.done != nil {
 		w.done()
-		w.done, w.wake = nil, nil
+		w.done, w.changes = nil, nil
 	}
 	w.subscribed = false
 }
 
-// pollDelay is how long the n-th wait of a request lasts without a hint:
-// 25 ms, then 250 ms, then the poll interval. A waiter that subscribes
-// while a commit is on its way (published, so already delivered to the
-// subscribers there were, but not yet stored, so not yet readable) hears
-// no hint and reads the old record: the early reads find the commit once
-// it is stored (a few milliseconds on R3) instead of a poll interval later.
+// pollDelay is how long the n-th wait of a request lasts without a
+// change: 25 ms, then 250 ms, then the poll interval. The early polls
+// bound what the subscription can miss in a wait's first moments: its
+// interest reaching the stream leader's server over the routes after the
+// reread that follows it (3.3).
 func pollDelay(poll time.Duration, n int) time.Duration {
 	switch n {
 	case 0:
@@ -481,10 +478,6 @@ func pollDelay(poll time.Duration, n int) time.Duration {
 	}
 	return poll
 }
-
-// hintRereads bounds the reads after a hint that still show the revision
-// the hint ends: 2 + 4 + ... + 64 ms, 126 ms in all, then the poll.
-const hintRereads = 6
 
 // waitEnded is the error of a wait for key, held at cur, whose ctx ended.
 func (c *Cache) waitEnded(ctx context.Context, key string, cur lease.Entry) error {

@@ -8,9 +8,10 @@
 // payload plane and then setting the record to committed with the store
 // TTL. The revision is a fencing token: a holder that lost its lease (it
 // stalled, or its heartbeats stopped) can never commit. A process that
-// waits subscribes to the key's subject for the wait (a hint to read the
-// key again, never a record to trust) and polls, then pulls the committed
-// value or takes over when the holder's lease expires. No process but the
+// waits subscribes, for the wait, to what the key's stream stores for it
+// (the stream republishes each stored message: a commit, a purge, an
+// expiry) and polls besides, then pulls the committed value or takes over
+// when the holder's lease expires. No process but the
 // reconciler follows the whole bucket: a process hears only of the keys it
 // waits on.
 //

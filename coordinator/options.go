@@ -210,7 +210,7 @@ func WithOpTimeout(d time.Duration) Option {
 }
 
 // WithPollInterval sets how often a waiter re-reads a key besides the
-// hints it hears (default: a fifth of the lease TTL).
+// changes it hears (default: a fifth of the lease TTL).
 func WithPollInterval(d time.Duration) Option {
 	return func(s *settings) error { s.pollInterval = d; return positive("poll interval", d) }
 }

@@ -41,7 +41,7 @@ type Stats struct {
 	// older than a lease TTL so that their key is shared again.
 	BadRecordsPurged uint64
 	// BadRecordsWatched counts changes of a key this process waited on
-	// (heard as hints) whose record did not decode, read or not.
+	// (heard from the stream's republish) whose record did not decode.
 	BadRecordsWatched uint64
 	// EventsDecoded and EventsBad count the events this process received
 	// from the stream (WithEvents): decoded, and skipped because they did
@@ -93,8 +93,8 @@ func (c *Cache) badRecord(err error) {
 	c.obs.badRecord(err, telemetry.OpRead)
 }
 
-// badRecordWatched counts a record that did not decode, heard as a hint
-// while this process waited on its key.
+// badRecordWatched counts a record that did not decode, heard as a
+// change while this process waited on its key.
 func (c *Cache) badRecordWatched(err error) {
 	c.obs.badRecord(err, telemetry.OpWatch)
 }

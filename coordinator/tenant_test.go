@@ -21,11 +21,12 @@ import (
 
 // TenantPermissions is the permission layout of docs/operations.md for a
 // tenant's workers: their own lease keys (written, read with direct gets,
-// subscribed to while waited on) and events, consumers filtered to them,
+// their stored changes subscribed to while waited on) and events, consumers filtered to them,
 // their eviction notices, stream info, and replies on their own inbox
 // prefix (_INBOX_<tenant>, set with nats.CustomInboxPrefix).
 func TenantPermissions(tenant string) *server.Permissions {
 	kv := "$KV." + lease.DefaultBucket + "." + tenant + ".>"
+	stored := "embcache.stored." + lease.DefaultBucket + "." + tenant + ".>"
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{
 			kv,
@@ -47,9 +48,9 @@ func TenantPermissions(tenant string) *server.Permissions {
 				"$JS.API.CONSUMER.INFO." + events.StreamName + "." + reconciler.Durable,
 				"$JS.API.CONSUMER.DELETE." + events.StreamName + "." + reconciler.Durable,
 			}},
-		// The tenant's keys while waiting on them (hints), and the eviction
-		// notices of its values to any node.
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>", kv, events.NoticePrefix + tenant + ".*"}},
+		// The tenant's keys' stored changes while waiting on them, and the
+		// eviction notices of its values to any node.
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_" + tenant + ".>", stored, events.NoticePrefix + tenant + ".*"}},
 	}
 }
 
@@ -233,7 +234,8 @@ func TestTenantIsolation(t *testing.T) {
 			t.Fatalf("acme's %s on the reconciler's consumer was answered", api)
 		}
 	}
-	for _, subject := range []string{"_INBOX_beta.>", betaSubject, events.NoticeSubject("beta", "test-node")} {
+	for _, subject := range []string{"_INBOX_beta.>", betaSubject, "embcache.stored." + lease.DefaultBucket + "." + betaRef.KVKey(),
+		events.NoticeSubject("beta", "test-node")} {
 		other := dial("acme")
 		if sub, err := other.SubscribeSync(subject); err == nil {
 			other.Flush()

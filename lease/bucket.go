@@ -57,6 +57,9 @@ type Bucket struct {
 	js     jetstream.JetStream
 	cfg    BucketConfig
 	shards []jetstream.KeyValue // shard i is bucket ShardName(cfg.Name, i)
+	// republished[i]: shard i's stream republishes what it stores to
+	// StoredSubject (Changes).
+	republished []bool
 }
 
 // ShardName is the KV bucket of shard i of the bucket name: name itself
@@ -112,13 +115,9 @@ func openBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create boo
 	if err != nil {
 		return nil, err
 	}
-	first, err := bindOrCreate(ctx, js, cfg, 0, create)
+	first, st, err := bindOrCreate(ctx, js, cfg, 0, create)
 	if err != nil {
 		return nil, err
-	}
-	st, err := first.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
 	}
 	k := 1
 	if v, ok := st.Metadata()[shardsMetadata]; ok {
@@ -130,20 +129,23 @@ func openBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create boo
 		return nil, fmt.Errorf("%w: bucket %s was created with %d shards, not %d", ErrShards, cfg.Name, k, cfg.Shards)
 	}
 	cfg.Shards = k
-	b := &Bucket{nc: nc, js: js, cfg: cfg, shards: []jetstream.KeyValue{first}}
+	b := &Bucket{nc: nc, js: js, cfg: cfg, shards: []jetstream.KeyValue{first}, republished: []bool{republishes(st, cfg.Name)}}
 	for i := 1; i < k; i++ {
-		kv, err := bindOrCreate(ctx, js, cfg, i, create)
+		kv, st, err := bindOrCreate(ctx, js, cfg, i, create)
 		if err != nil {
 			return nil, err
 		}
 		b.shards = append(b.shards, kv)
+		b.republished = append(b.republished, republishes(st, ShardName(cfg.Name, i)))
 	}
 	return b, nil
 }
 
 // bindOrCreate binds shard i of cfg's bucket, creating it if asked and
-// absent (the first with the number of shards in its metadata).
-func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig, i int, create bool) (jetstream.KeyValue, error) {
+// absent (the first with the number of shards in its metadata), and
+// returns its status. Asked to create, it also makes a bucket of an
+// earlier version republish what it stores (Changes), if it may.
+func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig, i int, create bool) (jetstream.KeyValue, jetstream.KeyValueStatus, error) {
 	name := ShardName(cfg.Name, i)
 	kv, err := js.KeyValue(ctx, name)
 	if errors.Is(err, jetstream.ErrBucketNotFound) && create {
@@ -154,6 +156,7 @@ func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig,
 			Storage:        jetstream.FileStorage,
 			Replicas:       max(1, cfg.Replicas),
 			LimitMarkerTTL: cfg.MarkerTTL,
+			RePublish:      republish(name),
 		}
 		if i == 0 && cfg.Shards > 1 {
 			kcfg.Metadata = map[string]string{shardsMetadata: strconv.Itoa(cfg.Shards)}
@@ -164,9 +167,42 @@ func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig,
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", name, err)
+		return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
 	}
-	return kv, nil
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
+	}
+	if create && !republishes(st, name) {
+		// Created by an earlier version: add the republishing (idempotent,
+		// so processes starting together may all do it). Refused (a
+		// user without the right), waiters poll instead.
+		if s, err := js.Stream(ctx, "KV_"+name); err == nil {
+			scfg := s.CachedInfo().Config
+			scfg.RePublish = republish(name)
+			if _, err := js.UpdateStream(ctx, scfg); err == nil {
+				if st, err = kv.Status(ctx); err != nil {
+					return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
+				}
+			}
+		}
+	}
+	return kv, st, nil
+}
+
+// republish is how the stream of the KV bucket name republishes what it
+// stores: every message on $KV.<name>.<key>, once stored, to
+// StoredSubject's embcache.stored.<name>.<key>.
+func republish(name string) *jetstream.RePublish {
+	return &jetstream.RePublish{Source: "$KV." + name + ".>", Destination: storedPrefix + name + ".>"}
+}
+
+// republishes reports whether the bucket whose status is st republishes
+// as republish(name) says.
+func republishes(st jetstream.KeyValueStatus, name string) bool {
+	got := st.Config().RePublish
+	want := republish(name)
+	return got != nil && got.Source == want.Source && got.Destination == want.Destination && !got.HeadersOnly
 }
 
 // KV is the jetstream handle of the shard that holds key, for reading it
@@ -391,16 +427,24 @@ func (b *Bucket) readDirect(ctx context.Context, shard int, key string) (Entry, 
 		}
 		return Entry{}, fmt.Errorf("lease: direct get %s: status %s %s", key, status, resp.Header.Get("Description"))
 	}
-	seq, err := strconv.ParseUint(resp.Header.Get("Nats-Sequence"), 10, 64)
+	return entryOf(resp, "direct get "+key)
+}
+
+// entryOf is the Entry a message with the stream's headers carries (a
+// direct get's answer, a republished message): Nats-Sequence,
+// Nats-Time-Stamp, Nats-TTL, and a KV operation or marker if the key was
+// deleted, purged or expired. what names the message in errors.
+func entryOf(m *nats.Msg, what string) (Entry, error) {
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
-		return Entry{}, fmt.Errorf("lease: direct get %s: bad sequence: %w", key, err)
+		return Entry{}, fmt.Errorf("lease: %s: bad sequence: %w", what, err)
 	}
-	c := Entry{Rev: seq, TTL: parseTTL(resp.Header.Get(jetstream.MsgTTLHeader))}
-	c.Stamp, _ = time.Parse(time.RFC3339Nano, resp.Header.Get(jetstream.TimeStampHeaer))
-	if resp.Header.Get("KV-Operation") != "" || resp.Header.Get(jetstream.MarkerReasonHeader) != "" {
+	c := Entry{Rev: seq, TTL: parseTTL(m.Header.Get(jetstream.MsgTTLHeader))}
+	c.Stamp, _ = time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
 		return c, nil
 	}
-	rec, err := DecodeRecord(resp.Data)
+	rec, err := DecodeRecord(m.Data)
 	if err != nil {
 		return c, err
 	}

@@ -7,8 +7,8 @@
 // is a key's JSON value (computing, committed, or an invalidation's
 // tombstone). Acquire takes a key with a computing record and returns a
 // Lease that heartbeats it until it is committed, abandoned or lost;
-// Bucket.Hints tells a waiter, and only a waiter, that its key may have
-// changed.
+// Bucket.Changes tells a waiter, and only a waiter, what its key's stream
+// stored for it.
 //
 // Nothing here knows what is computed or where values live: the Cache
 // (package coordinator) and the reconciler's election are both built on
