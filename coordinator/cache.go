@@ -189,6 +189,10 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	}
 	c.b = b
 	c.mu.Unlock()
+	if !b.Republished() {
+		c.s.logger.Warn("embcache: the lease bucket does not republish its changes (created by an earlier version, and this user may not update it): waiters poll; open it once with the operator's user",
+			"bucket", b.Name())
+	}
 	if c.s.events {
 		if err := c.startEvents(context.Background()); err != nil {
 			// Sharing works without events meanwhile; TTLs are not kept in step.
