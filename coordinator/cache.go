@@ -189,9 +189,13 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	}
 	c.b = b
 	c.mu.Unlock()
-	if !b.Republished() {
-		c.s.logger.Warn("embcache: the lease bucket does not republish its changes (created by an earlier version, and this user may not update it): waiters poll; open it once with the operator's user",
-			"bucket", b.Name())
+	// A tenant's credentials may not update a stream (the update would go
+	// unanswered): they only check.
+	uctx, ucancel := c.opContext(ctx)
+	err = b.EnsureRepublish(uctx, len(c.s.tenants) == 0)
+	ucancel()
+	if err != nil {
+		c.s.logger.Warn("embcache: waiters will poll; start the reconciler or serve once with the operator's user", "err", err)
 	}
 	if c.s.events {
 		if err := c.startEvents(context.Background()); err != nil {
@@ -416,7 +420,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				}
 				continue
 			}
-			ch, err := w.wait(ctx, c.s.pollInterval)
+			ch, err := w.wait(ctx, c.s.pollInterval, cur.Rev)
 			if err != nil {
 				return nil, PathWaited, c.waitEnded(ctx, key, cur)
 			}
@@ -436,26 +440,33 @@ type waiter struct {
 }
 
 func (w *waiter) subscribe(b *lease.Bucket, key string) error {
-	w.subscribed = true
+	w.subscribed, w.polls = true, 0
 	ch, done, err := b.Changes(key)
 	w.changes, w.done = ch, done
 	return err
 }
 
 // wait blocks until the key's stream stores a change worth acting on
-// (returned, to be taken as a read) or the next poll is due (nil). The
-// error is ctx's.
-func (w *waiter) wait(ctx context.Context, poll time.Duration) (*lease.Change, error) {
+// (returned, to be taken as a read) or the next poll is due (nil). A
+// change at or below rev, the revision last read, is older than what the
+// waiter knows (a new stream leader republishes its predecessor's last
+// entries) and is ignored. The error is ctx's.
+func (w *waiter) wait(ctx context.Context, poll time.Duration, rev uint64) (*lease.Change, error) {
 	t := time.NewTimer(pollDelay(poll, w.polls))
 	defer t.Stop()
 	w.polls++
-	select {
-	case ch := <-w.changes:
-		return &ch, nil
-	case <-t.C:
-		return nil, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	for {
+		select {
+		case ch := <-w.changes:
+			if ch.Entry.Rev <= rev {
+				continue
+			}
+			return &ch, nil
+		case <-t.C:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 

@@ -132,12 +132,13 @@ func (c *commitCounter) Committed(r Ref, _ uint64, _ payload.Checksum) {
 }
 
 // TestWaiterRacingTheCommit: on a 3-node cluster, a waiter on one server
-// starts while the holder on another commits. A waiter that subscribes
-// after the commit was published (so it hears no hint) but reads before
-// the stream stored it (so it reads the key computing) finds the commit
-// with its early reads, not a poll interval later: with the poll set to
-// an hour, every wait ends well inside its 10 s deadline. Before the early
-// reads, about one wait in ten of these hit the poll.
+// starts while the holder on another commits. However the commit falls
+// between the waiter's first read, its subscription (whose interest
+// reaches the leader's server over a route) and its second read, the
+// waiter finds it from the change, the second read or an early poll, not
+// a poll interval later: with the poll set to an hour, every wait ends
+// well inside its 10 s deadline. (With hints on the key's own subject and
+// before the early reads, about one wait in ten of these hit the poll.)
 func TestWaiterRacingTheCommit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

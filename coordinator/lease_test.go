@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/embcache/embcache/internal/fakeclock"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -305,11 +307,9 @@ func TestLostAckNotProvenByDirectRead(t *testing.T) {
 	}
 }
 
-// TestWaiterWakesOnTheCommit: a waiter is woken by the commit's hint, not
-// by its poll (set far beyond the wait's deadline here), also when the
-// hint reaches it before the stream has stored the commit and its read
-// still shows the key computing (it reads again shortly). 100 rounds:
-// without the rereads, 5 runs of 30 rounds under -race failed.
+// TestWaiterWakesOnTheCommit: a waiter is woken by the commit the stream
+// republishes, not by its poll (set far beyond the wait's deadline here),
+// however the commit races its subscription and reads. 100 rounds.
 func TestWaiterWakesOnTheCommit(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
@@ -346,5 +346,70 @@ func TestWaiterWakesOnTheCommit(t *testing.T) {
 	}
 	if n := cnt.n[0].Load(); n != 0 {
 		t.Fatalf("the waiter computed")
+	}
+}
+
+// TestWaiterIgnoresAnOlderChange: a change no newer than the waiter's own
+// read (as a new stream leader republishes its predecessor's entries) is
+// not taken. Here it is another key's committed record, republished late
+// under this key: taken, it would serve the other key's value.
+func TestWaiterIgnoresAnOlderChange(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	holder := newCache(t, srv.ClientURL(), store)
+	waiter := newCache(t, srv.ClientURL(), store, WithPollInterval(time.Hour))
+	ctx := context.Background()
+	var cnt counter
+	if _, err := holder.GetOrCompute(ctx, "h", ref(1), cnt.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	holder.Release("h")
+	b := holder.bucket()
+	other, err := b.KV(ref(1).KVKey()).Get(ctx, ref(1).KVKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := holder.Reserve(ctx, ref(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Revision() <= other.Revision() {
+		t.Fatalf("reserved at %d, after the other key's %d", r.Revision(), other.Revision())
+	}
+	subject := b.StoredSubject(ref(0).KVKey())
+	type got struct {
+		v    *payload.Value
+		path Path
+		err  error
+	}
+	done := make(chan got, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		v, path, err := waiter.GetOrComputePath(wctx, "w", ref(0), cnt.fn(0))
+		done <- got{v, path, err}
+	}()
+	// The waiter has subscribed: the server has interest in the subject.
+	waitFor(t, func() bool { return srv.NATS().GlobalAccount().Interest(subject) > 0 })
+	late := nats.NewMsg(subject)
+	late.Header.Set(jetstream.SequenceHeader, strconv.FormatUint(other.Revision(), 10))
+	late.Header.Set(jetstream.TimeStampHeaer, other.Created().UTC().Format(time.RFC3339Nano))
+	late.Data = other.Value()
+	if err := holder.nc.PublishMsg(late); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Commit(ctx, embedding(0)); err != nil {
+		t.Fatal(err)
+	}
+	g := <-done
+	if g.err != nil || g.path != PathWaited {
+		t.Fatalf("the waiter: %v %v", g.path, g.err)
+	}
+	sameValue(t, g.v, 0)
+	if s := waiter.Stats(); s.PayloadErrors != 0 || s.Computes != 0 {
+		t.Fatalf("the waiter took the older change: %+v", s)
 	}
 }

@@ -137,7 +137,7 @@ func TestTenantIsolation(t *testing.T) {
 		t.Fatalf("acme's cache asked for beta's key: %v", err)
 	}
 	// A wait under the tenant's credentials: a2 waits on a key a1 holds
-	// (its hints subscribe to the key's subject).
+	// (it subscribes to the key's stored changes).
 	waitRef := ref(3)
 	waitRef.Tenant = "acme"
 	r, err := a1.Reserve(ctx, waitRef)

@@ -57,9 +57,6 @@ type Bucket struct {
 	js     jetstream.JetStream
 	cfg    BucketConfig
 	shards []jetstream.KeyValue // shard i is bucket ShardName(cfg.Name, i)
-	// republished[i]: shard i's stream republishes what it stores to
-	// StoredSubject (Changes).
-	republished []bool
 }
 
 // ShardName is the KV bucket of shard i of the bucket name: name itself
@@ -115,9 +112,13 @@ func openBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create boo
 	if err != nil {
 		return nil, err
 	}
-	first, st, err := bindOrCreate(ctx, js, cfg, 0, create)
+	first, err := bindOrCreate(ctx, js, cfg, 0, create)
 	if err != nil {
 		return nil, err
+	}
+	st, err := first.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
 	}
 	k := 1
 	if v, ok := st.Metadata()[shardsMetadata]; ok {
@@ -129,23 +130,21 @@ func openBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create boo
 		return nil, fmt.Errorf("%w: bucket %s was created with %d shards, not %d", ErrShards, cfg.Name, k, cfg.Shards)
 	}
 	cfg.Shards = k
-	b := &Bucket{nc: nc, js: js, cfg: cfg, shards: []jetstream.KeyValue{first}, republished: []bool{republishes(st, cfg.Name)}}
+	b := &Bucket{nc: nc, js: js, cfg: cfg, shards: []jetstream.KeyValue{first}}
 	for i := 1; i < k; i++ {
-		kv, st, err := bindOrCreate(ctx, js, cfg, i, create)
+		kv, err := bindOrCreate(ctx, js, cfg, i, create)
 		if err != nil {
 			return nil, err
 		}
 		b.shards = append(b.shards, kv)
-		b.republished = append(b.republished, republishes(st, ShardName(cfg.Name, i)))
 	}
 	return b, nil
 }
 
 // bindOrCreate binds shard i of cfg's bucket, creating it if asked and
-// absent (the first with the number of shards in its metadata), and
-// returns its status. Asked to create, it also makes a bucket of an
-// earlier version republish what it stores (Changes), if it may.
-func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig, i int, create bool) (jetstream.KeyValue, jetstream.KeyValueStatus, error) {
+// absent (the first with the number of shards in its metadata, each
+// republishing what it stores: Changes).
+func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig, i int, create bool) (jetstream.KeyValue, error) {
 	name := ShardName(cfg.Name, i)
 	kv, err := js.KeyValue(ctx, name)
 	if errors.Is(err, jetstream.ErrBucketNotFound) && create {
@@ -167,42 +166,9 @@ func bindOrCreate(ctx context.Context, js jetstream.JetStream, cfg BucketConfig,
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
 	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
-	}
-	if create && !republishes(st, name) {
-		// Created by an earlier version: add the republishing (idempotent,
-		// so processes starting together may all do it). Refused (a
-		// user without the right), waiters poll instead.
-		if s, err := js.Stream(ctx, "KV_"+name); err == nil {
-			scfg := s.CachedInfo().Config
-			scfg.RePublish = republish(name)
-			if _, err := js.UpdateStream(ctx, scfg); err == nil {
-				if st, err = kv.Status(ctx); err != nil {
-					return nil, nil, fmt.Errorf("bucket %s: %w", name, err)
-				}
-			}
-		}
-	}
-	return kv, st, nil
-}
-
-// republish is how the stream of the KV bucket name republishes what it
-// stores: every message on $KV.<name>.<key>, once stored, to
-// StoredSubject's embcache.stored.<name>.<key>.
-func republish(name string) *jetstream.RePublish {
-	return &jetstream.RePublish{Source: "$KV." + name + ".>", Destination: storedPrefix + name + ".>"}
-}
-
-// republishes reports whether the bucket whose status is st republishes
-// as republish(name) says.
-func republishes(st jetstream.KeyValueStatus, name string) bool {
-	got := st.Config().RePublish
-	want := republish(name)
-	return got != nil && got.Source == want.Source && got.Destination == want.Destination && !got.HeadersOnly
+	return kv, nil
 }
 
 // KV is the jetstream handle of the shard that holds key, for reading it
@@ -435,12 +401,12 @@ func (b *Bucket) readDirect(ctx context.Context, shard int, key string) (Entry, 
 // Nats-Time-Stamp, Nats-TTL, and a KV operation or marker if the key was
 // deleted, purged or expired. what names the message in errors.
 func entryOf(m *nats.Msg, what string) (Entry, error) {
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	seq, err := strconv.ParseUint(serverHeader(m, jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return Entry{}, fmt.Errorf("lease: %s: bad sequence: %w", what, err)
 	}
 	c := Entry{Rev: seq, TTL: parseTTL(m.Header.Get(jetstream.MsgTTLHeader))}
-	c.Stamp, _ = time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	c.Stamp, _ = time.Parse(time.RFC3339Nano, serverHeader(m, jetstream.TimeStampHeaer))
 	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
 		return c, nil
 	}
@@ -450,6 +416,18 @@ func entryOf(m *nats.Msg, what string) (Entry, error) {
 	}
 	c.Live, c.Record = true, rec
 	return c, nil
+}
+
+// serverHeader is the value the server gave header name: the last one.
+// The server appends its own (Nats-Sequence, Nats-Time-Stamp) after the
+// headers the writer stored, so a writer that set one itself cannot pass
+// it off as the server's.
+func serverHeader(m *nats.Msg, name string) string {
+	v := m.Header.Values(name)
+	if len(v) == 0 {
+		return ""
+	}
+	return v[len(v)-1]
 }
 
 // wholeSeconds rounds a TTL up to whole seconds. The server keeps

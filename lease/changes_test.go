@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/natstest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -57,51 +60,131 @@ func TestChangesAreWhatTheStreamStored(t *testing.T) {
 	}
 }
 
-// A bucket created without republishing (an earlier version) is made to
-// republish by the next OpenBucket; BindBucket, which creates nothing,
-// leaves it as it is, and its waiters get ErrNoChanges (they poll).
-func TestChangesOnAnEarlierBucket(t *testing.T) {
-	nc := natstest.Conn(t)
+// earlierBucket makes the 2-shard bucket on nc look created by an earlier
+// version: its streams do not republish.
+func earlierBucket(t *testing.T, nc *nats.Conn) {
+	t.Helper()
 	ctx := context.Background()
+	if _, err := OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket, MarkerTTL: time.Minute, Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1, LimitMarkerTTL: time.Minute}); err != nil {
-		t.Fatal(err)
+	for i := range 2 {
+		s, err := js.Stream(ctx, "KV_"+ShardName(DefaultBucket, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		cfg.RePublish = nil
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
-	bound, err := BindBucket(ctx, nc, BucketConfig{Name: DefaultBucket})
+}
+
+// A bucket of an earlier version (two shards, no republishing):
+// EnsureRepublish without update reports it and changes nothing; with
+// update it configures every shard and keeps the shards' record, and a
+// subscription made before the update hears the changes after it. A shard
+// that republishes elsewhere is reported and left alone.
+func TestEnsureRepublishOnAnEarlierBucket(t *testing.T) {
+	nc := natstest.Conn(t)
+	ctx := context.Background()
+	earlierBucket(t, nc)
+	b, err := BindBucket(ctx, nc, BucketConfig{Name: DefaultBucket})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bound.Republished() {
-		t.Fatal("an earlier bucket, bound, reports republishing")
+	if err := b.EnsureRepublish(ctx, false); !errors.Is(err, ErrNoRepublish) {
+		t.Fatalf("an earlier bucket, checked: %v", err)
 	}
-	if _, _, err := bound.Changes(kvKey(1)); !errors.Is(err, ErrNoChanges) {
-		t.Fatalf("Changes on an earlier bucket: %v", err)
+	key := kvKey(0) // shard 1 of 2
+	if ShardOf(key, 2) != 1 {
+		t.Fatalf("key %s is in shard %d", key, ShardOf(key, 2))
 	}
-	opened, err := OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !opened.Republished() {
-		t.Fatal("OpenBucket did not make the earlier bucket republish")
-	}
-	changes, done, err := opened.Changes(kvKey(1))
+	changes, done, err := b.Changes(key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer done()
-	rev, err := opened.Create(ctx, kvKey(1), Record{V: RecordVersion, State: StateComputing, Owner: "o", Nonce: "n",
-		Started: time.Now(), Heartbeat: time.Now()}, time.Minute)
+	if err := b.EnsureRepublish(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EnsureRepublish(ctx, false); err != nil {
+		t.Fatalf("after the update: %v", err)
+	}
+	if again, err := BindBucket(ctx, nc, BucketConfig{Name: DefaultBucket}); err != nil || len(again.Shards()) != 2 {
+		t.Fatalf("after the update the bucket binds with %v (%v)", again, err)
+	}
+	now := time.Now()
+	rev, err := b.Create(ctx, key, Record{V: RecordVersion, State: StateComputing, Owner: "o", Nonce: "n", Started: now, Heartbeat: now}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := opened.Purge(ctx, kvKey(1), rev); err != nil {
+	if err := b.Purge(ctx, key, rev); err != nil {
 		t.Fatal(err)
 	}
 	if got := awaitChange(t, changes); got.Entry.Live || got.Entry.Rev != rev+1 {
 		t.Fatalf("after the update: %+v, want the purge at %d", got, rev+1)
+	}
+
+	js, _ := jetstream.New(nc)
+	s, err := js.Stream(ctx, "KV_"+ShardName(DefaultBucket, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	foreign := jetstream.RePublish{Source: "$KV." + ShardName(DefaultBucket, 1) + ".>", Destination: "ops.audit.>", HeadersOnly: true}
+	cfg.RePublish = &foreign
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EnsureRepublish(ctx, true); !errors.Is(err, ErrNoRepublish) {
+		t.Fatalf("a shard republishing elsewhere: %v", err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.Config.RePublish == nil || *info.Config.RePublish != foreign {
+		t.Fatalf("the operator's republish was changed: %+v (%v)", info.Config.RePublish, err)
+	}
+}
+
+// A user who may look at the bucket's streams but not update them (a
+// tenant's credentials) checks without trying the update, whose refusal
+// the server would not answer: EnsureRepublish returns at once.
+func TestEnsureRepublishWithoutTheRightToUpdate(t *testing.T) {
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(), Configure: func(o *server.Options) error {
+		o.Users = []*server.User{
+			{Username: "admin", Password: "admin"},
+			{Username: "viewer", Password: "viewer", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			}},
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	dial := func(user string) *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	earlierBucket(t, dial("admin"))
+	b, err := BindBucket(context.Background(), dial("viewer"), BucketConfig{Name: DefaultBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.EnsureRepublish(ctx, false); !errors.Is(err, ErrNoRepublish) || ctx.Err() != nil {
+		t.Fatalf("checked by a viewer: %v (ctx %v)", err, ctx.Err())
 	}
 }
 

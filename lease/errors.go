@@ -23,10 +23,10 @@ var (
 	// shards out of range, or other than the one the bucket was created
 	// with.
 	ErrShards = errors.New("lease: shards")
-	// ErrNoChanges is returned by Bucket.Changes for a key whose shard
-	// does not republish what it stores (a bucket of an earlier version
-	// this process may not update): its waiters poll.
-	ErrNoChanges = errors.New("lease: the bucket does not republish its changes")
+	// ErrNoRepublish is returned by Bucket.EnsureRepublish for a shard
+	// whose stream does not republish what it stores as Changes needs:
+	// its waiters only poll.
+	ErrNoRepublish = errors.New("lease: the bucket does not republish what it stores")
 )
 
 // ErrLate is returned by Acquire for a create acknowledged after its own

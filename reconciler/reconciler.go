@@ -172,7 +172,16 @@ func (r *Reconciler) bucket(ctx context.Context) (*lease.Bucket, error) {
 	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
 		return nil, err
 	}
-	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
+	b, err := lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
+	if err != nil {
+		return nil, err
+	}
+	// A bucket of an earlier version gets the republishing its waiters
+	// listen to (the operator's process has the right to update it).
+	if err := b.EnsureRepublish(octx, true); err != nil {
+		r.s.logger.Warn("embcache: waiters will poll", "err", err)
+	}
+	return b, nil
 }
 
 // campaign tries once to take the election key: the election is a lease

@@ -70,7 +70,7 @@ type workloadRow struct {
 	MaxMs            float64 `json:"max_ms"`
 	MsgsPerRequest   float64 `json:"messages_per_request"`
 	// DeliveredPerRequest counts only the messages delivered to the
-	// processes (NATS systems): replies, acks, hints, events.
+	// processes (NATS systems): replies, acks, waiters' changes, events.
 	DeliveredPerRequest float64   `json:"delivered_per_request,omitempty"`
 	Errors              int       `json:"errors"`
 	Seconds             float64   `json:"seconds"`
