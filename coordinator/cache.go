@@ -480,15 +480,15 @@ func (w *waiter) stop() {
 }
 
 // pollDelay is how long the n-th wait of a request lasts without a
-// change: 25 ms, then 250 ms, then the poll interval. The early polls
-// bound what the subscription can miss in a wait's first moments: its
-// interest reaching the stream leader's server over the routes after the
-// reread that follows it (3.3).
+// change: 250 ms, then the poll interval. The early poll bounds what the
+// subscription can miss in a wait's first moments (its interest reaching
+// the stream leader's server after a direct get a follower answered, a
+// change lost): rare, since a change is the stored message itself (3.3),
+// so it comes late enough that a wait of a usual compute reads no more
+// than the change. (With hints on the key's own subject the first poll
+// came at 25 ms: a hint could arrive before the stream stored the commit.)
 func pollDelay(poll time.Duration, n int) time.Duration {
-	switch n {
-	case 0:
-		return min(poll, 25*time.Millisecond)
-	case 1:
+	if n == 0 {
 		return min(poll, 250*time.Millisecond)
 	}
 	return poll
