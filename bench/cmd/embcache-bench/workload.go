@@ -12,6 +12,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -357,6 +359,24 @@ func startRedis(ctx context.Context, dir string) (string, func(), error) {
 	return addr, stop, nil
 }
 
+// cpuProfileEnv names a directory where each worker process writes a CPU
+// profile of its run (<system>-<proc>.pprof), for finding where a
+// system's requests spend their time.
+const cpuProfileEnv = "EMBCACHE_BENCH_CPUPROFILE"
+
+// startCPUProfile profiles this process's CPU into path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
 // newWorker is the hidden command the workload suite runs per process.
 func newWorker() *cobra.Command {
 	var config string
@@ -412,6 +432,13 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 	control := bufio.NewReader(in)
 	if _, err := control.ReadString('\n'); err != nil {
 		return fmt.Errorf("waiting for go: %w", err)
+	}
+	if dir := os.Getenv(cpuProfileEnv); dir != "" {
+		stop, err := startCPUProfile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", cfg.System, cfg.Proc)))
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	m0, d0 := sys.messages(), deliveredOf(sys)
 	next := make(chan int)
