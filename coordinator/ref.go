@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -26,7 +27,7 @@ func NewRef(cfg cachekey.PreprocessingConfig, key cachekey.Key) Ref {
 func (r Ref) Object() payload.ObjectID { return payload.ObjectID{Tenant: r.Tenant, Key: r.Key} }
 
 // KVKey is the key's name in the bucket: "<tenant>.<keyhex>".
-func (r Ref) KVKey() string { return r.Tenant + "." + r.Key.String() }
+func (r Ref) KVKey() string { return lease.ValueKey(r.Tenant, r.Key) }
 
 // String returns "<tenant>/<keyhex>".
 func (r Ref) String() string { return r.Object().String() }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,6 +68,9 @@ func ShardName(name string, i int) string {
 	}
 	return name + "_" + strconv.Itoa(i)
 }
+
+// ValueKey is the bucket key of a tenant's value: <tenant>.<64 hex>.
+func ValueKey(tenant string, key cachekey.Key) string { return tenant + "." + key.String() }
 
 // ShardOf is the shard of a bucket key among k shards: for a value's key,
 // <tenant>.<64 hex>, the key's first byte modulo k (keys are BLAKE3

@@ -360,7 +360,7 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, s
 // applyTouch extends the committed record's TTL to the touch's expiry.
 // Replaying a touch changes nothing: the record already lives that long.
 func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.Event) {
-	key := e.Tenant + "." + e.Key.String()
+	key := lease.ValueKey(e.Tenant, e.Key)
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	cur, err := r.read(octx, b, key)
@@ -528,7 +528,7 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 	}
 	skipped, err := events.Scan(ctx, r.js, []events.Kind{events.KindPublished, events.KindTouched}, func(e events.Event) {
 		select {
-		case keys <- e.Tenant + "." + e.Key.String():
+		case keys <- lease.ValueKey(e.Tenant, e.Key):
 		case <-ctx.Done():
 		}
 	})

@@ -212,7 +212,7 @@ func populate(ctx context.Context, url, shmDir string, n int) error {
 		if err != nil {
 			return err
 		}
-		msg := &nats.Msg{Subject: b.Subject(recordsTenant + "." + k.String()), Data: data, Header: nats.Header{}}
+		msg := &nats.Msg{Subject: b.Subject(lease.ValueKey(recordsTenant, k)), Data: data, Header: nats.Header{}}
 		if _, err := js.PublishMsgAsync(msg, jetstream.WithMsgTTL(time.Hour), stall); err != nil {
 			return err
 		}
