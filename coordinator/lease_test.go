@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/fakeclock"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
@@ -307,14 +308,20 @@ func TestLostAckNotProvenByDirectRead(t *testing.T) {
 	}
 }
 
+// holderAndWaiter starts a server and two caches on it sharing one memory
+// store: a holder, and a waiter whose poll (an hour) never ends a test's
+// wait, so that only what it hears wakes it.
+func holderAndWaiter(t *testing.T) (srv *embedded.Server, holder, waiter *Cache) {
+	srv = startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	return srv, newCache(t, srv.ClientURL(), store), newCache(t, srv.ClientURL(), store, WithPollInterval(time.Hour))
+}
+
 // TestWaiterWakesOnTheCommit: a waiter is woken by the commit the stream
 // republishes, not by its poll (set far beyond the wait's deadline here),
 // however the commit races its subscription and reads. 100 rounds.
 func TestWaiterWakesOnTheCommit(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	holder := newCache(t, srv.ClientURL(), store)
-	waiter := newCache(t, srv.ClientURL(), store, WithPollInterval(time.Hour))
+	_, holder, waiter := holderAndWaiter(t)
 	ctx := context.Background()
 	var cnt counter
 	for i := range 100 {
@@ -354,10 +361,7 @@ func TestWaiterWakesOnTheCommit(t *testing.T) {
 // not taken. Here it is another key's committed record, republished late
 // under this key: taken, it would serve the other key's value.
 func TestWaiterIgnoresAnOlderChange(t *testing.T) {
-	srv := startServer(t)
-	store := payload.NewMemoryStore("test-node", 0)
-	holder := newCache(t, srv.ClientURL(), store)
-	waiter := newCache(t, srv.ClientURL(), store, WithPollInterval(time.Hour))
+	srv, holder, waiter := holderAndWaiter(t)
 	ctx := context.Background()
 	var cnt counter
 	if _, err := holder.GetOrCompute(ctx, "h", ref(1), cnt.fn(1)); err != nil {

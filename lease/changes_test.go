@@ -22,11 +22,7 @@ func TestChangesAreWhatTheStreamStored(t *testing.T) {
 	f := newFixture(t, false)
 	ctx := context.Background()
 	key := kvKey(3)
-	changes, done, err := f.b.Changes(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
+	changes := subscribe(t, f.b, key)
 	l := f.acquire(t, 3)
 	refused := l.Record()
 	refused.State = StateCommitted
@@ -105,11 +101,7 @@ func TestEnsureRepublishOnAnEarlierBucket(t *testing.T) {
 	if ShardOf(key, 2) != 1 {
 		t.Fatalf("key %s is in shard %d", key, ShardOf(key, 2))
 	}
-	changes, done, err := b.Changes(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
+	changes := subscribe(t, b, key)
 	if err := b.EnsureRepublish(ctx, true); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +180,17 @@ func TestEnsureRepublishWithoutTheRightToUpdate(t *testing.T) {
 	}
 }
 
+// subscribe is b.Changes(key) until the test ends.
+func subscribe(t *testing.T, b *Bucket, key string) <-chan Change {
+	t.Helper()
+	changes, done, err := b.Changes(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(done)
+	return changes
+}
+
 func awaitChange(t *testing.T, ch <-chan Change) Change {
 	t.Helper()
 	select {
@@ -206,11 +209,7 @@ func TestChangesHearTheExpiry(t *testing.T) {
 	f := newFixture(t, false)
 	ctx := context.Background()
 	key := kvKey(5)
-	changes, done, err := f.b.Changes(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
+	changes := subscribe(t, f.b, key)
 	now := time.Now()
 	rev, err := f.b.Create(ctx, key, Record{V: RecordVersion, State: StateComputing, Owner: "o", Nonce: "n", Started: now, Heartbeat: now}, time.Second)
 	if err != nil {
