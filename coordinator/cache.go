@@ -408,7 +408,7 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				w.waited = true
 				c.obs.waiting(ctx)
 			}
-			if !w.subscribed {
+			if w.done == nil {
 				// Subscribe, then read again: a change between the first
 				// read and the subscription is in the second read, and any
 				// after it reaches the subscription. Only a waiter
@@ -432,15 +432,14 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 // waiter is one request's wait for a key computed elsewhere: its
 // subscription to the key's changes, and how it polls.
 type waiter struct {
-	waited     bool
-	subscribed bool
-	changes    <-chan lease.Change
-	done       func()
-	polls      int // waits without a change so far
+	waited  bool
+	changes <-chan lease.Change
+	done    func() // set while subscribed (a no-op if the subscription failed)
+	polls   int    // waits without a change so far
 }
 
 func (w *waiter) subscribe(b *lease.Bucket, key string) error {
-	w.subscribed, w.polls = true, 0
+	w.polls = 0
 	ch, done, err := b.Changes(key)
 	w.changes, w.done = ch, done
 	return err
@@ -476,7 +475,6 @@ func (w *waiter) stop() {
 		w.done()
 		w.done, w.changes = nil, nil
 	}
-	w.subscribed = false
 }
 
 // pollDelay is how long the n-th wait of a request lasts without a

@@ -141,6 +141,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				r.tel.elections.Add(ctx, 1)
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
+				r.ensureRepublish(ctx, b)
 				err = r.active(ctx, b, el, since)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
@@ -172,16 +173,19 @@ func (r *Reconciler) bucket(ctx context.Context) (*lease.Bucket, error) {
 	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
 		return nil, err
 	}
-	b, err := lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
-	if err != nil {
-		return nil, err
-	}
-	// A bucket of an earlier version gets the republishing its waiters
-	// listen to (the operator's process has the right to update it).
+	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
+}
+
+// ensureRepublish gives a bucket of an earlier version the republishing
+// its waiters listen to (the operator's process has the right to update
+// it). Once per term, not per campaign: a standby would check every few
+// seconds, and warn as often.
+func (r *Reconciler) ensureRepublish(ctx context.Context, b *lease.Bucket) {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
 	if err := b.EnsureRepublish(octx, true); err != nil {
 		r.s.logger.Warn("embcache: waiters will poll", "err", err)
 	}
-	return b, nil
 }
 
 // campaign tries once to take the election key: the election is a lease
