@@ -219,7 +219,11 @@ func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Dura
 	if err != nil {
 		return 0, err
 	}
-	rev, err := b.KV(key).Create(ctx, key, data, jetstream.KeyTTL(wholeSeconds(ttl)))
+	var rev uint64
+	err = whileInFlight(ctx, key, func() (err error) {
+		rev, err = b.KV(key).Create(ctx, key, data, jetstream.KeyTTL(wholeSeconds(ttl)))
+		return err
+	})
 	if err != nil {
 		if isConflict(err) {
 			return 0, fmt.Errorf("%w: %s", ErrHeld, key)
@@ -239,10 +243,14 @@ func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Re
 		return 0, err
 	}
 	msg := &nats.Msg{Subject: b.Subject(key), Data: data}
-	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
+	var ack *jetstream.PubAck
+	err = whileInFlight(ctx, key, func() (err error) {
+		ack, err = b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))
+		return err
+	})
 	if err != nil {
 		if isConflict(err) {
-			return 0, fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+			return 0, fmt.Errorf("%w: %s is past revision %d (%v)", ErrLost, key, rev, err)
 		}
 		return 0, err
 	}
@@ -252,9 +260,11 @@ func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Re
 // Purge removes the key if it is still at rev, leaving a marker that
 // expires after markerTTL. A key already past rev is ErrLost.
 func (b *Bucket) Purge(ctx context.Context, key string, rev uint64) error {
-	err := b.KV(key).Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(b.cfg.MarkerTTL))
+	err := whileInFlight(ctx, key, func() error {
+		return b.KV(key).Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(b.cfg.MarkerTTL))
+	})
 	if err != nil && isConflict(err) {
-		return fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+		return fmt.Errorf("%w: %s is past revision %d (%v)", ErrLost, key, rev, err)
 	}
 	return err
 }
@@ -292,9 +302,12 @@ func (b *Bucket) PurgeFor(ctx context.Context, key string, rev uint64, cause eve
 	if b.cfg.MarkerTTL > 0 {
 		opts = append(opts, jetstream.WithMsgTTL(b.cfg.MarkerTTL))
 	}
-	_, err := b.js.PublishMsg(ctx, msg, opts...)
+	err := whileInFlight(ctx, key, func() error {
+		_, err := b.js.PublishMsg(ctx, msg, opts...)
+		return err
+	})
 	if err != nil && isConflict(err) {
-		return fmt.Errorf("%w: %s is past revision %d", ErrLost, key, rev)
+		return fmt.Errorf("%w: %s is past revision %d (%v)", ErrLost, key, rev, err)
 	}
 	return err
 }
@@ -463,13 +476,52 @@ func IsRefusal(err error) bool {
 }
 
 // isConflict reports whether err is the server refusing a revision-checked
-// write: ErrKeyExists, ErrKeyRevisionMismatch, or the API codes 10071
-// (R1) and 10164 (R3) that mean the same.
+// write because the key is past the revision: ErrKeyExists,
+// ErrKeyRevisionMismatch, or API code 10071. A refusal for another write
+// in flight (isInFlight) is not one, and whileInFlight sends it again.
 func isConflict(err error) bool {
+	if isInFlight(err) {
+		return false
+	}
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return true
 	}
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// isInFlight reports whether err is a replicated stream's leader refusing
+// a revision-checked write because another write on the same subject is
+// proposed and not yet applied (API code 10164; nats-server checks this
+// before the revision). Nothing was stored and nothing is said about the
+// key: the leader answers a write before it forgets that write's entry,
+// so a holder's next write, sent on the answer, can meet its own last one
+// (docs/jetstream-notes.md (c)). nats.go's kv.Create wraps it in
+// ErrKeyExists.
+func isInFlight(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// whileInFlight runs write, and again after a short backoff for as long as
+// it is refused for another write in flight on key (isInFlight): that
+// write is applied, or dropped by a leader change, within a Raft round,
+// and then the revision check answers. At ctx's end the last refusal is
+// returned: nothing was stored.
+func whileInFlight(ctx context.Context, key string, write func() error) error {
+	delay := time.Millisecond
+	for {
+		err := write()
+		if !isInFlight(err) {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("lease: %s: another write on it stayed in flight: %w", key, err)
+		case <-t.C:
+		}
+		delay = min(2*delay, 64*time.Millisecond)
+	}
 }

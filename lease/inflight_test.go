@@ -1,0 +1,76 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/internal/natstest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// On R3, a write on a key whose last write is proposed but not applied is
+// refused with API error 10164 before its revision is checked: that says
+// nothing about the key, and the leader answers a write before it forgets
+// it, so a holder's next write can meet its own last one (CI saw a commit
+// refused so, right after its reserve was acknowledged). Here the other
+// write stays in flight for good (the leader has lost its followers): the
+// holder's compare-and-set on the key's true revision is sent again until
+// its context ends, and then it is a refusal, not ErrLost. Without the
+// followers gone the same write lands once the other is applied.
+func TestAWriteInFlightIsNotALoss(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, nc := natstest.Cluster(ctx, t, 3)
+	var b *Bucket
+	var err error
+	until(t, ctx, "the bucket is created", func() bool {
+		b, err = OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket, Replicas: 3, MarkerTTL: time.Minute})
+		return err == nil
+	})
+	key := kvKey(0)
+	now := time.Now()
+	rec := Record{V: RecordVersion, State: StateComputing, Owner: "test/1/x", Nonce: "n", Started: now, Heartbeat: now}
+	var rev uint64
+	until(t, ctx, "the key is created", func() bool {
+		rev, err = b.Create(ctx, key, rec, time.Minute)
+		return err == nil
+	})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, err := cl.StreamLeader(ctx, js, "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lnc := natstest.Connect(t, leader.ClientURL())
+	onLeader, err := BindBucket(ctx, lnc, BucketConfig{Name: DefaultBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range cl.Nodes {
+		if n != leader {
+			n.Shutdown()
+		}
+	}
+	// A heartbeat of the same revision whose answer nobody waits for: the
+	// leader proposes it and, alone, never applies it.
+	beat := nats.NewMsg(onLeader.Subject(key))
+	beat.Data = rec.mustEncode()
+	beat.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	beat.Reply = nats.NewInbox()
+	if err := lnc.PublishMsg(beat); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = onLeader.CompareAndSet(cctx, key, rev, rec, time.Minute)
+	if errors.Is(err, ErrLost) || !IsRefusal(err) {
+		t.Fatalf("a compare-and-set behind a write in flight: %v; want a refusal that is not ErrLost", err)
+	}
+	t.Logf("refused: %v", err)
+}
