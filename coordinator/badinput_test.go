@@ -75,11 +75,19 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 	js, _ := jetstream.New(connect(t, srv.ClientURL()))
 	kv, _ := js.KeyValue(ctx, lease.DefaultBucket)
 	var cnt counter
+	// A value of another key, committed: its location is genuine, and its
+	// bytes verify against it, but they are not the key's value.
+	if _, err := writer.GetOrCompute(ctx, "w", ref(98), cnt.fn(98)); err != nil {
+		t.Fatal(err)
+	}
+	writer.Release("w")
+	other := *readRecord(t, writer, ref(98)).Record.Location
 	for i, tamper := range []func(loc *payload.Location){
 		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                  // corrupt bytes (as the checksum sees them)
 		func(loc *payload.Location) { loc.Size += 64 },                                        // wrong size
 		func(loc *payload.Location) { store.Delete(ctx, *loc) },                               // payload gone
 		func(loc *payload.Location) { loc.Object = ref(99).Object().String(); loc.Size = 64 }, // another object
+		func(loc *payload.Location) { *loc = other },                                          // another key's whole, genuine location
 	} {
 		k := 60 + i
 		r := ref(k)

@@ -68,7 +68,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.Entry) (*payload.Value, error) {
 	rec := cur.Record
 	start := time.Now()
-	v, err := c.router.Get(ctx, *rec.Location)
+	v, err := c.fetch(ctx, ref, *rec.Location)
 	if err != nil {
 		c.obs.pullFailed(ref, *rec.Location, err)
 		return nil, err
@@ -86,4 +86,15 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 	}
 	c.obs.pulled(ctx, ref, v, *rec.Location, rec.Expires, time.Since(start))
 	return v, nil
+}
+
+// fetch gets the value at loc, which must be ref's own payload: another
+// key's location verifies (its checksum is its own bytes') and would serve
+// that key's value, so a record that names one (a bug, a forged write) is
+// corrupt, purged and computed again like one whose bytes are wrong.
+func (c *Cache) fetch(ctx context.Context, ref Ref, loc payload.Location) (*payload.Value, error) {
+	if obj, err := loc.ObjectID(); err != nil || obj != ref.Object() {
+		return nil, fmt.Errorf("%w: the record of %s names the payload %s", payload.ErrCorrupt, ref.KVKey(), loc.Object)
+	}
+	return c.router.Get(ctx, loc)
 }
