@@ -126,6 +126,9 @@ func jsnWritable(t *testing.T, ctx context.Context, kv jetstream.KeyValue) {
 	}
 }
 
+// jsnIsConflict: the CAS was refused before it was proposed, by the
+// revision check (10071) or for another write in flight (10164, which the
+// lease package resends): either way nothing was stored.
 func jsnIsConflict(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -525,7 +528,9 @@ func TestJetStreamKVUpdateDropsKeyTTL(t *testing.T) {
 // tombstone. One wins; the losers are refused, with API error 10071 or
 // 10164 (wrong last sequence while another write to the subject is in
 // flight). nats.go returns the 10164 of this path as a bare APIError that
-// is not ErrKeyExists, so a conflict check must accept both codes.
+// is not ErrKeyExists. A 10164 is not a conflict but "another write in
+// flight", whatever becomes of it: the lease package sends such a write
+// again until the revision check answers (docs/jetstream-notes.md (c)).
 func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
@@ -581,7 +586,7 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	}
 	t.Logf("%d rounds x %d creates over a tombstone on R3; losers by API code: %v", rounds, racers, codes)
 	if codes[fmt.Sprintf("%d ErrKeyExists=false", jetstream.JSErrCodeStreamWrongLastSequenceConstant)] == 0 {
-		t.Errorf("no loser got a bare API error %d: revisit docs/jetstream-notes.md (and isConflict in lease/bucket.go)",
+		t.Errorf("no loser got a bare API error %d: revisit docs/jetstream-notes.md (c) (and whileInFlight in lease/bucket.go)",
 			jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 	}
 }

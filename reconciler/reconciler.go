@@ -387,7 +387,12 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 	}
 	rec := cur.Record
 	rec.Expires = e.Expires
-	if _, err := b.CompareAndSet(octx, key, cur.Rev, rec, ttl); err != nil {
+	// Nor sent again past it (a write refused while another is in flight
+	// is resent until its context ends).
+	cctx, ccancel := context.WithTimeout(octx, deadline.Sub(now))
+	_, err = b.CompareAndSet(cctx, key, cur.Rev, rec, ttl)
+	ccancel()
+	if err != nil {
 		return
 	}
 	if !r.s.clock.Now().Before(deadline) {
