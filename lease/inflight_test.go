@@ -26,17 +26,12 @@ import (
 func TestAWriteInFlightIsNotALoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl, nc := natstest.Cluster(ctx, t, 3)
-	var b *Bucket
-	var err error
-	until(t, ctx, "the bucket is created", func() bool {
-		b, err = OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket, Replicas: 3, MarkerTTL: time.Minute})
-		return err == nil
-	})
+	cl, nc, b := clusterBucket(t, ctx, BucketConfig{Name: DefaultBucket, MarkerTTL: time.Minute})
 	key := kvKey(0)
 	now := time.Now()
 	rec := Record{V: RecordVersion, State: StateComputing, Owner: "test/1/x", Nonce: "n", Started: now, Heartbeat: now}
 	var rev uint64
+	var err error
 	until(t, ctx, "the key is created", func() bool {
 		rev, err = b.Create(ctx, key, rec, time.Minute)
 		return err == nil

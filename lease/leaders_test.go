@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/embcache/embcache/internal/natstest"
 )
 
 // SpreadLeaders on a 3-node cluster: three shards whose leaders were all
@@ -14,13 +12,7 @@ import (
 func TestSpreadLeaders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, nc := natstest.Cluster(ctx, t, 3)
-	var b *Bucket
-	var err error
-	until(t, ctx, "the bucket is created", func() bool {
-		b, err = OpenBucket(ctx, nc, BucketConfig{Name: DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: 3})
-		return err == nil
-	})
+	_, _, b := clusterBucket(t, ctx, BucketConfig{Name: DefaultBucket, MarkerTTL: time.Minute, Shards: 3})
 	until(t, ctx, "every shard has a leader", func() bool { return !slices.Contains(b.Leaders(ctx), "") })
 	first := b.Leaders(ctx)[0]
 	for i, kv := range b.Shards() {

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/fakeclock"
 	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
@@ -132,4 +134,19 @@ func (f *fixture) read(t *testing.T, key string) Entry {
 		t.Fatal(err)
 	}
 	return cur
+}
+
+// clusterBucket opens cfg's bucket, R3, on a new 3-node cluster (within
+// ctx), once the cluster can create it.
+func clusterBucket(t *testing.T, ctx context.Context, cfg BucketConfig) (*embedded.Cluster, *nats.Conn, *Bucket) {
+	t.Helper()
+	cl, nc := natstest.Cluster(ctx, t, 3)
+	cfg.Replicas = 3
+	var b *Bucket
+	var err error
+	until(t, ctx, "the bucket is created", func() bool {
+		b, err = OpenBucket(ctx, nc, cfg)
+		return err == nil
+	})
+	return cl, nc, b
 }
