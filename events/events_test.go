@@ -374,3 +374,44 @@ func TestLatestAndScan(t *testing.T) {
 		t.Fatal(n, err)
 	}
 }
+
+// A New subscription whose consumer is recreated before its first
+// delivery (nats.go's ordered consumer does so after a missed heartbeat,
+// a reconnect or a deleted consumer) loses nothing published since it
+// started: an event stored while the first consumer could not deliver it
+// (paused), which is then deleted, comes through its successor. (With
+// DeliverNew the successor started at its own creation and the event was
+// lost: TestGarbageEventsAreSkipped missed one so, under load.)
+func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
+	ctx := context.Background()
+	_, _, js := server(t)
+	pub := NewPublisher(js, 2, 64, nil)
+	defer pub.Close(ctx)
+	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
+		t.Fatal(err) // before the subscription: not for it
+	}
+	seen := make(chan Event, 10)
+	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, New: true}, func(e Event) { seen <- e })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	first := sub.consumer.CachedInfo().Name
+	if _, err := js.PauseConsumer(ctx, StreamName, first, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishSync(ctx, published("acme", 2, now.Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, StreamName, first); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-seen:
+		if e.Key != key(2) {
+			t.Fatalf("got the event of key %x, want the one published after the subscription", e.Key[:1])
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the event published before the consumer was recreated never came")
+	}
+}

@@ -17,7 +17,11 @@ type SubscribeOptions struct {
 	// restart from the first event it had not acknowledged. Empty means an
 	// ordered (ephemeral) consumer.
 	Durable string
-	// New starts an ordered consumer at new events instead of the start.
+	// New starts an ordered consumer at new events instead of the start:
+	// at the sequence after the stream's last when Subscribe asks, so that
+	// nothing published after that is lost if the consumer is recreated
+	// before its first delivery (nats.go's ordered consumer recreates a
+	// DeliverNew consumer as DeliverNew again, from the time of the reset).
 	New    bool
 	Logger *slog.Logger
 	// OnBad, if set, is called with the reason of each event skipped
@@ -71,14 +75,15 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 			MaxAckPending:  1024,
 		})
 	} else {
-		policy := jetstream.DeliverAllPolicy
+		cfg := jetstream.OrderedConsumerConfig{FilterSubjects: opts.filters(), DeliverPolicy: jetstream.DeliverAllPolicy}
 		if opts.New {
-			policy = jetstream.DeliverNewPolicy
+			var st jetstream.Stream
+			if st, err = js.Stream(ctx, StreamName); err != nil {
+				return nil, fmt.Errorf("events: stream: %w", err)
+			}
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, st.CachedInfo().State.LastSeq+1
 		}
-		cons, err = js.OrderedConsumer(ctx, StreamName, jetstream.OrderedConsumerConfig{
-			FilterSubjects: opts.filters(),
-			DeliverPolicy:  policy,
-		})
+		cons, err = js.OrderedConsumer(ctx, StreamName, cfg)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("events: consumer: %w", err)
