@@ -205,3 +205,46 @@ func TestOversizedAndFullStores(t *testing.T) {
 		t.Fatalf("strict with a full bucket: %v", err)
 	}
 }
+
+// TestAForeignLocationDeletesNothing: a record of one key (acme's) naming
+// another tenant's genuine payload, then removed by an invalidation, does
+// not get that payload deleted: the reconciler counts it and announces
+// nothing. (It deleted beta's payload, and told its node to, before.)
+func TestAForeignLocationDeletesNothing(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	rec, _ := startReconciler(t, srv.ClientURL(), store)
+	waitFor(t, func() bool { return rec.Stats().Active })
+	ctx := context.Background()
+	js, _ := jetstream.New(connect(t, srv.ClientURL()))
+	kv, _ := js.KeyValue(ctx, lease.DefaultBucket)
+	plain := newCache(t, srv.ClientURL(), store) // no events: the record alone names the payload
+	var cnt counter
+	other := ref(40)
+	other.Tenant, other.Model = "beta", "n"
+	a := ref(41)
+	for i, r := range []Ref{other, a} {
+		if _, err := plain.GetOrCompute(ctx, "w", r, cnt.fn(40+i)); err != nil {
+			t.Fatal(err)
+		}
+		plain.Release("w")
+	}
+	genuine := *readRecord(t, plain, other).Record.Location
+	cur := readRecord(t, plain, a)
+	forged := cur.Record
+	forged.Location, forged.Size, forged.Checksum = &genuine, genuine.Size, genuine.Checksum.String()
+	data, _ := json.Marshal(forged)
+	if _, err := kv.Update(ctx, a.KVKey(), data, cur.Rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := eventCache(t, srv.ClientURL(), store).Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return rec.Stats().ForeignLocations == 1 })
+	if s := rec.Stats(); s.Invalidated != 1 || s.PayloadDeletes != 0 {
+		t.Fatalf("%+v", s)
+	}
+	if _, err := store.Get(ctx, genuine); err != nil {
+		t.Fatalf("beta's payload is gone after acme's invalidation: %v", err)
+	}
+}

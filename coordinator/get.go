@@ -93,7 +93,7 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 // that key's value, so a record that names one (a bug, a forged write) is
 // corrupt, purged and computed again like one whose bytes are wrong.
 func (c *Cache) fetch(ctx context.Context, ref Ref, loc payload.Location) (*payload.Value, error) {
-	if obj, err := loc.ObjectID(); err != nil || obj != ref.Object() {
+	if !loc.Names(ref.Object()) {
 		return nil, fmt.Errorf("%w: the record of %s names the payload %s", payload.ErrCorrupt, ref.KVKey(), loc.Object)
 	}
 	return c.router.Get(ctx, loc)

@@ -140,6 +140,11 @@ func (e *Event) Validate() error {
 			return fmt.Errorf("%w: invalidated needs a model and its invalidation key", ErrBadEvent)
 		}
 	}
+	// A value's event names the value's own payload: one naming another
+	// key's would have that key's copies dropped and its file deleted.
+	if e.Location != nil && !e.Location.Names(payload.ObjectID{Tenant: e.Tenant, Key: e.Key}) {
+		return fmt.Errorf("%w: a %v event of %s/%s naming the payload %s", ErrBadEvent, e.Kind, e.Tenant, e.Key, e.Location.Object)
+	}
 	return nil
 }
 

@@ -415,3 +415,19 @@ func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 		t.Fatal("the event published before the consumer was recreated never came")
 	}
 }
+
+// An event of one key naming another key's payload does not decode: it
+// would have that key's copies dropped and its file deleted.
+func TestAnEventNamesItsOwnPayload(t *testing.T) {
+	e := published("acme", 1, now.Add(time.Hour))
+	if err := e.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []payload.ObjectID{{Tenant: "acme", Key: key(2)}, {Tenant: "beta", Key: key(1)}} {
+		e := published("acme", 1, now.Add(time.Hour))
+		e.Location.Object = obj.String()
+		if _, err := Encode(e); !errors.Is(err, ErrBadEvent) {
+			t.Errorf("an acme event naming %s: %v", obj, err)
+		}
+	}
+}

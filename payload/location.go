@@ -63,6 +63,14 @@ type Location struct {
 // ObjectID parses the location's object name.
 func (l Location) ObjectID() (ObjectID, error) { return ParseObjectID(l.Object) }
 
+// Names reports whether the location is obj's own payload. A record or an
+// event of one key naming another's location would serve, or delete,
+// that key's bytes: readers and deleters check it.
+func (l Location) Names(obj ObjectID) bool {
+	o, err := l.ObjectID()
+	return err == nil && o == obj
+}
+
 // Validate checks what every transport relies on: a known transport, a
 // content-addressed object name, a size that holds at least a prelude.
 func (l Location) Validate() error {

@@ -53,17 +53,18 @@ type action uint8
 
 // Actions.
 const (
-	actionExtend        action = iota // a touch extended a committed record's TTL
-	actionLateExtend                  // an extension acknowledged after the record's expiry: not trusted
-	actionExpire                      // a value whose record expired was evicted (evicted event sent)
-	actionInvalidate                  // a committed record removed by an invalidation
-	actionDeletePayload               // a payload removed
-	actionSweep                       // a pass over the values the events know, done (after a gap in the markers)
-	actionMoveLeader                  // a lease shard's leader asked to move to a server that leads fewer
+	actionExtend          action = iota // a touch extended a committed record's TTL
+	actionLateExtend                    // an extension acknowledged after the record's expiry: not trusted
+	actionExpire                        // a value whose record expired was evicted (evicted event sent)
+	actionInvalidate                    // a committed record removed by an invalidation
+	actionDeletePayload                 // a payload removed
+	actionSweep                         // a pass over the values the events know, done (after a gap in the markers)
+	actionMoveLeader                    // a lease shard's leader asked to move to a server that leads fewer
+	actionForeignLocation               // an eviction not announced: the record named another key's payload
 	numActions
 )
 
-var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader"}
+var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader", "foreign_location"}
 
 // String returns the action's name as the metrics label it.
 func (a action) String() string {
@@ -89,7 +90,11 @@ type Stats struct {
 	PayloadDeletes uint64 // payloads removed
 	Sweeps         uint64 // passes over every value the events know, finished
 	LeaderMoves    uint64 // lease shard leaders asked to move (SpreadLeaders)
-	Active         bool
+	// ForeignLocations counts evictions not announced, and payloads not
+	// deleted, because the record named another key's payload (a bug or a
+	// forged write).
+	ForeignLocations uint64
+	Active           bool
 }
 
 // New returns a reconciler over nc (which the caller keeps and closes).
@@ -124,7 +129,8 @@ func (r *Reconciler) Stats() Stats {
 	n := func(a action) uint64 { return r.stats.actions[a].Load() }
 	return Stats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
 		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
-		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), LeaderMoves: n(actionMoveLeader), Active: r.stats.active.Load()}
+		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), LeaderMoves: n(actionMoveLeader),
+		ForeignLocations: n(actionForeignLocation), Active: r.stats.active.Load()}
 }
 
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
@@ -474,6 +480,14 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 		return
 	}
 	loc := entry.Location
+	if !loc.Names(payload.ObjectID{Tenant: tenant, Key: key}) {
+		// A record's own location (known) is not checked when it is
+		// decoded: one naming another key's payload must not get that
+		// payload deleted (events are checked as they decode).
+		r.did(actionForeignLocation)
+		r.s.logger.Warn("embcache: eviction not announced: the location names another key's payload", "key", kvKey, "location", loc.Object)
+		return
+	}
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
 	if cause != events.CauseCorrupt {
