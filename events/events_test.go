@@ -387,9 +387,6 @@ func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 	_, _, js := server(t)
 	pub := NewPublisher(js, 2, 64, nil)
 	defer pub.Close(ctx)
-	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
-		t.Fatal(err) // before the subscription: not for it
-	}
 	seen := make(chan Event, 10)
 	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, New: true}, func(e Event) { seen <- e })
 	if err != nil {
@@ -411,8 +408,46 @@ func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 		if e.Key != key(2) {
 			t.Fatalf("got the event of key %x, want the one published after the subscription", e.Key[:1])
 		}
-	case <-time.After(30 * time.Second):
+	case <-time.After(45 * time.Second): // past the 30 s a missed heartbeat takes to reset
 		t.Fatal("the event published before the consumer was recreated never came")
+	}
+}
+
+// A New subscription outlives its stream deleted and created again before
+// its first delivery: it starts at a time, which the new stream's events
+// are past, not at a sequence, which the new stream starts again below.
+func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
+	ctx := context.Background()
+	_, _, js := server(t)
+	pub := NewPublisher(js, 2, 64, nil)
+	defer pub.Close(ctx)
+	for i := range byte(5) {
+		if err := pub.PublishSync(ctx, published("acme", 10+i, now.Add(time.Hour))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := make(chan Event, 10)
+	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"beta"}, New: true}, func(e Event) { seen <- e })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	if err := js.DeleteStream(ctx, StreamName); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishSync(ctx, published("beta", 1, now.Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-seen:
+		if e.Tenant != "beta" || e.Key != key(1) {
+			t.Fatalf("got %s/%x", e.Tenant, e.Key[:1])
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatal("the new stream's event never came")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,10 +19,13 @@ type SubscribeOptions struct {
 	// ordered (ephemeral) consumer.
 	Durable string
 	// New starts an ordered consumer at new events instead of the start:
-	// at the sequence after the stream's last when Subscribe asks, so that
-	// nothing published after that is lost if the consumer is recreated
-	// before its first delivery (nats.go's ordered consumer recreates a
-	// DeliverNew consumer as DeliverNew again, from the time of the reset).
+	// at a time fixed when Subscribe asks (the stream leader's, less
+	// newSkew), so that nothing published after it is lost if the consumer
+	// is recreated before its first delivery (nats.go's ordered consumer
+	// recreates a DeliverNew consumer as DeliverNew again, from the time of
+	// the reset), nor on a stream deleted and created again meanwhile (its
+	// sequences start again at 1). Events of the last newSkew before the
+	// subscription may come too.
 	New    bool
 	Logger *slog.Logger
 	// OnBad, if set, is called with the reason of each event skipped
@@ -46,6 +50,14 @@ func (o SubscribeOptions) filters() []string {
 	}
 	return out
 }
+
+// newSkew is how far before the stream leader's time of the subscription a
+// New subscription starts: a leader elected meanwhile stamps events by
+// its own clock, which may be behind (servers' clocks are assumed to agree
+// to well within this, as docs/protocol.md 3.1 assumes for lease TTLs).
+// What it replays is harmless to a worker (an invalidation applied again
+// drops copies of an invalidated model and epoch).
+const newSkew = time.Second
 
 // Subscription delivers events to a handler until Stop.
 type Subscription struct {
@@ -81,7 +93,12 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 			if st, err = js.Stream(ctx, StreamName); err != nil {
 				return nil, fmt.Errorf("events: stream: %w", err)
 			}
-			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, st.CachedInfo().State.LastSeq+1
+			start := st.CachedInfo().TimeStamp // the leader's clock, which stamps the events
+			if start.IsZero() {
+				start = time.Now()
+			}
+			start = start.Add(-newSkew)
+			cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
 		}
 		cons, err = js.OrderedConsumer(ctx, StreamName, cfg)
 	}
