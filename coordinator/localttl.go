@@ -67,7 +67,9 @@ func (c *Cache) refreshCopy(d copyDue) {
 // recordMayName reports whether obj's record may still name the bytes
 // whose checksum is sum: false only when a read from the stream leader
 // shows no committed record of them (an eviction announced after the
-// value was committed again under the same name is not its record's).
+// value was committed again under the same name is not its record's) and
+// no compute of the key (which may commit the same bytes, already written
+// under the same name).
 func (c *Cache) recordMayName(obj payload.ObjectID, sum payload.Checksum) bool {
 	b := c.bucket()
 	if b == nil {
@@ -76,5 +78,6 @@ func (c *Cache) recordMayName(obj payload.ObjectID, sum payload.Checksum) bool {
 	ctx, cancel := c.opContext(context.Background())
 	defer cancel()
 	cur, err := b.Read(ctx, obj.Tenant+"."+obj.Key.String())
-	return err != nil || (cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == sum.String())
+	return err != nil || cur.Live && (cur.Record.State == lease.StateComputing ||
+		cur.Record.State == lease.StateCommitted && cur.Record.Checksum == sum.String())
 }

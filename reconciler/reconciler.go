@@ -479,6 +479,12 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	if cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == entry.Location.Checksum.String() {
 		return
 	}
+	// A key being computed again may put the same bytes under the same
+	// name (keys are content addresses) before it commits: the old value's
+	// eviction is announced, but the file is left to the new value (to the
+	// node's payload sweep if its compute fails), and its node is not told
+	// to delete it.
+	recomputing := cur.Live && cur.Record.State == lease.StateComputing
 	loc := entry.Location
 	if !loc.Names(payload.ObjectID{Tenant: tenant, Key: key}) {
 		// A record's own location (known) is not checked when it is
@@ -490,7 +496,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	}
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
-	if cause != events.CauseCorrupt {
+	if cause != events.CauseCorrupt && !recomputing {
 		r.deletePayload(ctx, loc)
 	}
 	if cause == events.CauseExpired {
@@ -504,7 +510,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	// The writer's node deletes its payload and its processes drop their
 	// copies; nobody else hears of it (copies elsewhere end with their
 	// record, files there go with their node's sweep).
-	if cause != events.CauseCorrupt && loc.Node != "" {
+	if cause != events.CauseCorrupt && loc.Node != "" && !recomputing {
 		if err := events.Notify(r.nc, ev); err != nil {
 			r.s.logger.Warn("embcache: eviction notice not sent", "key", kvKey, "node", loc.Node, "err", err)
 		}
