@@ -88,7 +88,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	// create subject, which per-tenant permissions can allow.
 	opts := events.SubscribeOptions{Tenants: c.s.tenants, Kinds: []events.Kind{events.KindInvalidated},
 		New: true, Logger: c.s.logger, OnBad: onBad}
-	sub, err := events.Subscribe(ctx, c.js, opts, handle)
+	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) error { handle(e); return nil })
 	if err != nil {
 		l.pub.Close(ctx)
 		return err

@@ -227,10 +227,11 @@ func TestOneEvictedPerEviction(t *testing.T) {
 	keys := map[payload.ObjectID]int{ref(1).Object(): 1, ref(2).Object(): 2, ref(3).Object(): 3}
 	js, _ := jetstream.New(connect(t, url))
 	sub, err := events.Subscribe(ctx, js, events.SubscribeOptions{Kinds: []events.Kind{events.KindEvicted}, New: true},
-		func(e events.Event) {
+		func(e events.Event) error {
 			mu.Lock()
 			counts[seen{keys[payload.ObjectID{Tenant: e.Tenant, Key: e.Key}], e.Cause}]++
 			mu.Unlock()
+			return nil
 		})
 	if err != nil {
 		t.Fatal(err)

@@ -117,11 +117,12 @@ func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
 	var mu sync.Mutex
 	var got []Event
 	seen := make(chan struct{}, 100)
-	handle := func(e Event) {
+	handle := func(e Event) error {
 		mu.Lock()
 		got = append(got, e)
 		mu.Unlock()
 		seen <- struct{}{}
+		return nil
 	}
 	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, Kinds: []Kind{KindPublished}, Durable: "test"}, handle)
 	if err != nil {
@@ -388,7 +389,7 @@ func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 	pub := NewPublisher(js, 2, 64, nil)
 	defer pub.Close(ctx)
 	seen := make(chan Event, 10)
-	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, New: true}, func(e Event) { seen <- e })
+	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, New: true}, func(e Event) error { seen <- e; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +428,7 @@ func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
 		}
 	}
 	seen := make(chan Event, 10)
-	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"beta"}, New: true}, func(e Event) { seen <- e })
+	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"beta"}, New: true}, func(e Event) error { seen <- e; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,5 +465,39 @@ func TestAnEventNamesItsOwnPayload(t *testing.T) {
 		if _, err := Encode(e); !errors.Is(err, ErrBadEvent) {
 			t.Errorf("an acme event naming %s: %v", obj, err)
 		}
+	}
+}
+
+// An event a durable subscription's handler returns an error for is not
+// acknowledged: the next subscription on the consumer gets it again.
+func TestADeclinedEventIsDeliveredAgain(t *testing.T) {
+	ctx := context.Background()
+	_, _, js := server(t)
+	pub := NewPublisher(js, 2, 64, nil)
+	defer pub.Close(ctx)
+	declined := make(chan Event, 10)
+	opts := SubscribeOptions{Tenants: []string{"acme"}, Durable: "declines"}
+	sub, err := Subscribe(ctx, js, opts, func(e Event) error { declined <- e; return errors.New("not now") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.PublishSync(ctx, published("acme", 1, now.Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	<-declined
+	sub.Stop()
+	again := make(chan Event, 10)
+	sub, err = Subscribe(ctx, js, opts, func(e Event) error { again <- e; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	select {
+	case e := <-again:
+		if e.Key != key(1) {
+			t.Fatalf("got key %x", e.Key[:1])
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the declined event was not delivered again")
 	}
 }

@@ -59,6 +59,10 @@ func (o SubscribeOptions) filters() []string {
 // drops copies of an invalidated model and epoch).
 const newSkew = time.Second
 
+// redeliverAfter is how long an event its handler could not apply waits
+// before it is delivered again.
+const redeliverAfter = time.Second
+
 // Subscription delivers events to a handler until Stop.
 type Subscription struct {
 	cc       jetstream.ConsumeContext
@@ -68,10 +72,14 @@ type Subscription struct {
 }
 
 // Subscribe calls handle for every event that matches opts, one at a time,
-// acknowledging each after handle returns. An event that does not decode
-// is counted (Bad), logged, passed to OnBad with its reason and
+// acknowledging each (on a durable consumer) once handle has returned nil.
+// An event handle returns an error for is not acknowledged but handed back
+// (a Nak, redelivered after a second), to this subscription or whichever
+// takes the durable consumer over: handle says nil once it has applied
+// the event, not when it has queued it. An event that does not decode is
+// counted (Bad), logged, passed to OnBad with its reason and
 // acknowledged: it is skipped, never fatal.
-func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOptions, handle func(Event)) (*Subscription, error) {
+func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOptions, handle func(Event) error) (*Subscription, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -120,8 +128,12 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 			if opts.OnBad != nil {
 				opts.OnBad(reason)
 			}
+		} else if herr := handle(e); herr != nil {
+			if opts.Durable != "" {
+				m.NakWithDelay(redeliverAfter)
+			}
+			return
 		} else {
-			handle(e)
 			s.handled.Add(1)
 		}
 		if opts.Durable != "" {

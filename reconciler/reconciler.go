@@ -244,7 +244,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	x := &expirer{r: r, b: b, pub: pub, events: evs}
 	work := make(chan func(), 256)
 	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: Durable, Logger: r.s.logger, OnBad: r.tel.EventBad},
-		func(e events.Event) {
+		func(e events.Event) error {
 			r.tel.EventDecoded(e.Kind)
 			var fn func()
 			switch e.Kind {
@@ -253,12 +253,23 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 			case events.KindInvalidated:
 				fn = func() { r.applyInvalidation(ctx, x, e) }
 			default:
-				return
+				return nil
+			}
+			// Acknowledged once applied, not once queued: a reconciler that
+			// steps down with it queued hands it back, and its successor,
+			// which resumes the durable consumer, applies it (both apply
+			// again harmlessly).
+			applied := make(chan struct{})
+			select {
+			case work <- func() { fn(); close(applied) }:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 			select {
-			case work <- fn:
+			case <-applied:
 			case <-ctx.Done():
 			}
+			return ctx.Err() // stepping down meanwhile: fn may have stopped short
 		})
 	if err != nil {
 		return err

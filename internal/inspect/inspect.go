@@ -169,11 +169,12 @@ func Tail(ctx context.Context, js jetstream.JetStream, opts events.SubscribeOpti
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make(chan events.Event, 64)
-	sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) {
+	sub, err := events.Subscribe(ctx, js, opts, func(e events.Event) error {
 		select {
 		case out <- e:
 		case <-ctx.Done():
 		}
+		return nil
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,138 @@
+package reconciler_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/natstest"
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/reconciler"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const tenant = "acme"
+const node = "n1"
+
+type world struct {
+	t     *testing.T
+	url   string
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	b     *lease.Bucket
+	store *payload.MemoryStore
+}
+
+func newWorld(t *testing.T) *world {
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{t: t, url: srv.ClientURL(), nc: nc, js: js, b: b, store: payload.NewMemoryStore(node, 0)}
+}
+
+func keyOf(i int) cachekey.Key {
+	var k cachekey.Key
+	k[0], k[1], k[2] = byte(i), byte(i>>8), byte(i>>16)
+	k[31] = 0x5a
+	return k
+}
+
+// commit writes key i's payload, a committed record that expires in ttl, and
+// its published event; it returns the location.
+func (e *world) commit(i int, ttl time.Duration) payload.Location {
+	e.t.Helper()
+	ctx := context.Background()
+	obj := payload.ObjectID{Tenant: tenant, Key: keyOf(i)}
+	loc, err := e.store.Put(ctx, obj, payload.NewTensor(cachekey.Float32, []int64{1}, []byte{1, 2, 3, byte(i)}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	now := time.Now()
+	exp := now.Add(ttl)
+	rec := lease.Record{V: lease.RecordVersion, State: lease.StateCommitted, Owner: "w/1/x", Nonce: "x", Started: now, Heartbeat: now,
+		Model: "m", Epoch: 1, Reserved: 1, Location: &loc, Size: loc.Size, Checksum: loc.Checksum.String(), Expires: exp}
+	if _, err := e.b.Put(ctx, lease.ValueKey(tenant, keyOf(i)), rec, ttl); err != nil {
+		e.t.Fatal(err)
+	}
+	e.publish(&events.Event{Kind: events.KindPublished, Tenant: tenant, Key: keyOf(i), Model: "m", Epoch: 1,
+		Node: "w", Time: now, Expires: exp, Location: &loc})
+	return loc
+}
+
+func (e *world) publish(ev *events.Event) uint64 {
+	e.t.Helper()
+	data, err := events.Encode(ev)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ack, err := e.js.Publish(context.Background(), ev.Subject(), data)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func (e *world) record(i int) lease.Entry {
+	e.t.Helper()
+	cur, err := e.b.Read(context.Background(), lease.ValueKey(tenant, keyOf(i)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cur
+}
+
+// evicted reports whether the stream holds an evicted event of key i.
+func (e *world) evicted(i int) bool {
+	s, err := e.js.Stream(context.Background(), events.StreamName)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ev := events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: keyOf(i)}
+	_, err = s.GetLastMsgForSubject(context.Background(), ev.Subject())
+	return err == nil
+}
+
+func (e *world) reconciler(d reconciler.Deleter, opts ...reconciler.Option) (*reconciler.Reconciler, func()) {
+	e.t.Helper()
+	nc := natstest.Connect(e.t, e.url)
+	base := []reconciler.Option{reconciler.WithLeaseTTL(time.Second), reconciler.WithNode(node),
+		reconciler.WithDeleter(payload.TransportMemory, d)}
+	r, err := reconciler.New(nc, append(base, opts...)...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r, run(e.t, r)
+}
+
+// blockingDeleter blocks the delete of one object until its context ends:
+// it holds the reconciler's loop, as a slow store's delete would.
+type blockingDeleter struct {
+	store   *payload.MemoryStore
+	object  string
+	entered atomic.Bool
+}
+
+func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location) error {
+	if loc.Object == d.object {
+		d.entered.Store(true)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return d.store.Delete(ctx, loc)
+}
