@@ -404,13 +404,21 @@ func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, StreamName, first); err != nil {
 		t.Fatal(err)
 	}
+	if e := awaitEvent(t, seen, "the event published before the consumer was recreated"); e.Key != key(2) {
+		t.Fatalf("got the event of key %x, want the one published after the subscription", e.Key[:1])
+	}
+}
+
+// awaitEvent is the next event on ch, or the test fails after 45 s (past
+// the 30 s an ordered consumer takes to reset after missed heartbeats).
+func awaitEvent(t *testing.T, ch <-chan Event, what string) Event {
+	t.Helper()
 	select {
-	case e := <-seen:
-		if e.Key != key(2) {
-			t.Fatalf("got the event of key %x, want the one published after the subscription", e.Key[:1])
-		}
-	case <-time.After(45 * time.Second): // past the 30 s a missed heartbeat takes to reset
-		t.Fatal("the event published before the consumer was recreated never came")
+	case e := <-ch:
+		return e
+	case <-time.After(45 * time.Second):
+		t.Fatalf("%s never came", what)
+		return Event{}
 	}
 }
 
@@ -442,13 +450,8 @@ func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
 	if err := pub.PublishSync(ctx, published("beta", 1, now.Add(time.Hour))); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case e := <-seen:
-		if e.Tenant != "beta" || e.Key != key(1) {
-			t.Fatalf("got %s/%x", e.Tenant, e.Key[:1])
-		}
-	case <-time.After(45 * time.Second):
-		t.Fatal("the new stream's event never came")
+	if e := awaitEvent(t, seen, "the new stream's event"); e.Tenant != "beta" || e.Key != key(1) {
+		t.Fatalf("got %s/%x", e.Tenant, e.Key[:1])
 	}
 }
 
@@ -492,12 +495,7 @@ func TestADeclinedEventIsDeliveredAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Stop()
-	select {
-	case e := <-again:
-		if e.Key != key(1) {
-			t.Fatalf("got key %x", e.Key[:1])
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the declined event was not delivered again")
+	if e := awaitEvent(t, again, "the declined event, again,"); e.Key != key(1) {
+		t.Fatalf("got key %x", e.Key[:1])
 	}
 }
