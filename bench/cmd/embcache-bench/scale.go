@@ -263,7 +263,12 @@ func createShards(ctx context.Context, cl *embedded.Cluster, k int) error {
 	defer cancel()
 	var b *lease.Bucket
 	for {
-		if b, err = lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: k}); err == nil {
+		// Each attempt bounded: a stream create the meta leader never
+		// answers (one elected meanwhile) would otherwise take the minute.
+		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+		b, err = lease.OpenBucket(actx, nc, lease.BucketConfig{Name: lease.DefaultBucket, Replicas: 3, MarkerTTL: time.Minute, Shards: k})
+		acancel()
+		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
