@@ -510,13 +510,15 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	if cause != events.CauseCorrupt && !recomputing {
 		r.deletePayload(ctx, loc)
 	}
-	if cause == events.CauseExpired {
-		r.did(actionExpire)
-	}
-	octx, cancel = context.WithTimeout(ctx, r.s.opTimeout)
+	// Published even if this reconciler is stepping down meanwhile: its
+	// payload may be deleted already. (A successor that handles the same
+	// marker again finds the eviction announced and stops.)
+	octx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.s.opTimeout)
 	defer cancel()
 	if err := x.pub.PublishSync(octx, ev); err != nil {
 		r.s.logger.Warn("embcache: evicted event not published", "key", kvKey, "err", err)
+	} else if cause == events.CauseExpired {
+		r.did(actionExpire) // counted once announced
 	}
 	// The writer's node deletes its payload and its processes drop their
 	// copies; nobody else hears of it (copies elsewhere end with their
