@@ -65,6 +65,22 @@ func startNode(t testing.TB, url, name string, edits ...func(*embnode.Options)) 
 	}
 	t.Cleanup(func() { nn.Close() })
 	cache, store := nn.Cache(), nn.Store()
+	// Strict caches answer "store unavailable" until the bucket is open,
+	// which a loaded machine (make test runs every package at once) may
+	// take longer than one op timeout to do: the tests start once it is.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := cache.Ping(pctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: the store never became usable: %v", name, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	srv, err := agent.New(cache, store)
 	if err != nil {
 		t.Fatal(err)
