@@ -164,7 +164,10 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 // outlives the record, and it costs that process no read.
 func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 	url, store := memoryCluster(t)
-	const storeTTL = 2 * time.Second
+	// A touch goes out every quarter TTL, and a's copy reads its record a
+	// quarter TTL before it ends: at 2 s a reconciler held up 0.5 s under
+	// a loaded race run let the copy end (1 run in about 50).
+	const storeTTL = 4 * time.Second
 	rec := activeReconciler(t, url, store)
 	a := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
