@@ -490,12 +490,6 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	if cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == entry.Location.Checksum.String() {
 		return
 	}
-	// A key being computed again may put the same bytes under the same
-	// name (keys are content addresses) before it commits: the old value's
-	// eviction is announced, but the file is left to the new value (to the
-	// node's payload sweep if its compute fails), and its node is not told
-	// to delete it.
-	recomputing := cur.Live && cur.Record.State == lease.StateComputing
 	loc := entry.Location
 	if !loc.Names(payload.ObjectID{Tenant: tenant, Key: key}) {
 		// A record's own location (known) is not checked when it is
@@ -505,9 +499,16 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 		r.s.logger.Warn("embcache: eviction not announced: the location names another key's payload", "key", kvKey, "location", loc.Object)
 		return
 	}
+	// A payload found corrupt is its reader's to remove. A key being
+	// computed again may put the same bytes under the same name (keys are
+	// content addresses) before it commits: the old value's eviction is
+	// announced, but the file is left to the new value (to the node's
+	// payload sweep if its compute fails), and its node is not told to
+	// delete it.
+	deletes := cause != events.CauseCorrupt && !(cur.Live && cur.Record.State == lease.StateComputing)
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
-	if cause != events.CauseCorrupt && !recomputing {
+	if deletes {
 		r.deletePayload(ctx, loc)
 	}
 	// Published even if this reconciler is stepping down meanwhile: its
@@ -523,7 +524,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	// The writer's node deletes its payload and its processes drop their
 	// copies; nobody else hears of it (copies elsewhere end with their
 	// record, files there go with their node's sweep).
-	if cause != events.CauseCorrupt && loc.Node != "" && !recomputing {
+	if deletes && loc.Node != "" {
 		if err := events.Notify(r.nc, ev); err != nil {
 			r.s.logger.Warn("embcache: eviction notice not sent", "key", kvKey, "node", loc.Node, "err", err)
 		}
