@@ -164,10 +164,18 @@ func (l *eventLink) startCompute(ref Ref, exact bool) (end func() (invalidated b
 
 // noteAt records a value this process pulled from loc, named by a record
 // that expires at expires: an invalidation of its model and epoch finds
-// it, and its hits are touches.
+// it, and its hits are touches. The pull is a use, whose touch is owed
+// like a hit's (sent at the interval's end with the pull's time, with the
+// hits since): one touch per key per interval, pulls included. A record
+// that may end before that touch is applied (within two intervals) is
+// touched at once.
 func (l *eventLink) noteAt(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
+	m := &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
+	if now := time.Now(); expires.Sub(now) > 2*l.interval {
+		m.lastTouch = now
+	}
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
+	l.meta[ref.Object()] = m
 	l.mu.Unlock()
 }
 

@@ -180,6 +180,50 @@ func TestTouchesAreCoalesced(t *testing.T) {
 	t.Logf("%d touched events for 10000 hits in %v", n, took)
 }
 
+// TestAPullsTouchIsOwed: a pull is a use whose touch, like a local hit's,
+// goes out at the interval's end, one for the pull and the hits after it;
+// a pulled record that may end before then (within two intervals) is
+// touched at once.
+func TestAPullsTouchIsOwed(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	ctx := context.Background()
+	var cnt counter
+	writer := eventCache(t, srv.ClientURL(), store)
+	for _, i := range []int{1, 2} {
+		if _, err := writer.GetOrCompute(ctx, "w", ref(i), cnt.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Interval 200 ms, store TTL 1 h: the touch is owed.
+	owes := eventCache(t, srv.ClientURL(), store)
+	for range 100 {
+		if _, err := owes.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owes.Release("r")
+	if s := owes.Stats(); s.RemoteHits != 1 || s.Touches != 0 {
+		t.Fatalf("after a pull and 99 hits: %d remote hits, %d touches sent at once, want 1, 0", s.RemoteHits, s.Touches)
+	}
+	waitFor(t, func() bool { return owes.Stats().Touches != 0 })
+	if n := owes.Stats().Touches; n != 1 {
+		t.Fatalf("%d touches for a pull and its hits, want 1", n)
+	}
+	// Interval 1 h, store TTL 1 h: the record may end before the interval
+	// does, so its pull is touched at once.
+	now := newCache(t, srv.ClientURL(), store, WithEvents(time.Hour))
+	if _, path, err := now.GetOrComputePath(ctx, "r", ref(2), cnt.fn(2)); err != nil || path != PathRemoteHit {
+		t.Fatalf("%v %v", path, err)
+	}
+	if n := now.Stats().Touches; n != 1 {
+		t.Fatalf("a pull of a record ending within two intervals: %d touches, want 1", n)
+	}
+	if cnt.n[1].Load() != 1 || cnt.n[2].Load() != 1 {
+		t.Fatal("computed more than once")
+	}
+}
+
 // TestReconcilerFailover: the active reconciler dies; the standby takes
 // over within the lease TTL (plus a campaign interval), and the value that
 // expired meanwhile has its payload removed.
