@@ -86,6 +86,11 @@ func TestBenchQuick(t *testing.T) {
 		if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || !strings.Contains(stdout, w.System) {
 			t.Fatalf("workload row %+v", w)
 		}
+		// The encoder alone takes CPU; a server's clock read may round to 0
+		// (redis-server's is in 10 ms ticks) but not fail.
+		if w.WorkerCPUms <= 0 || w.ServerCPUms < 0 {
+			t.Fatalf("%s: worker CPU %v ms, server CPU %v ms", w.System, w.WorkerCPUms, w.ServerCPUms)
+		}
 		// Every system that shares computes across processes computes each input once.
 		shares := w.System != sysNone && w.System != sysLocal
 		if shares && w.Forwards != w.Unique && degraded(w) {

@@ -71,6 +71,11 @@ type workloadRow struct {
 	P99ms            float64 `json:"p99_ms"`
 	MaxMs            float64 `json:"max_ms"`
 	MsgsPerRequest   float64 `json:"messages_per_request"`
+	// ServerCPUms is the CPU time the system's servers (the embedded NATS
+	// servers, redis-server) used during the run; -1 if unknown.
+	ServerCPUms float64 `json:"server_cpu_ms"`
+	// WorkerCPUms is the worker processes' CPU time during the run.
+	WorkerCPUms float64 `json:"worker_cpu_ms"`
 	// DeliveredPerRequest counts only the messages delivered to the
 	// processes (NATS systems): replies, acks, waiters' changes, events.
 	DeliveredPerRequest float64   `json:"delivered_per_request,omitempty"`
@@ -94,6 +99,7 @@ type dedupResult struct {
 	Latencies []int64 `json:"latencies_us"`
 	Messages  uint64  `json:"messages"`
 	Delivered uint64  `json:"delivered,omitempty"`
+	CPUms     float64 `json:"cpu_ms"` // this process's CPU time from go to its last request
 	Detail    any     `json:"detail,omitempty"`
 }
 
@@ -174,6 +180,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		base.PeerAddrs = append(base.PeerAddrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	}
 	var leaders func() []string // where the bucket's shards are led, after the run
+	cpu := cpuClock(selfCPU)
 	switch sys {
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheSh:
 		srv, err := embedded.Start(embedded.Options{StoreDir: dir, NoSync: sys == sysEmbcacheNS})
@@ -198,7 +205,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		}
 		leaders = func() []string { return shardLeaders(ctx, cl) }
 	case sysRedis:
-		addr, stop, err := startRedis(ctx, dir)
+		addr, pid, stop, err := startRedis(ctx, dir)
 		if errors.Is(err, exec.ErrNotFound) {
 			row.Skipped = "redis-server not installed (make bench installs Debian's)"
 			return row, nil
@@ -207,9 +214,9 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 			return row, err
 		}
 		defer stop()
-		base.Redis = addr
+		base.Redis, cpu = addr, processCPU(pid)
 	}
-	results, elapsed, err := runWorkers(ctx, self, base)
+	results, elapsed, used, err := runWorkers(ctx, self, base, cpu)
 	if err != nil {
 		return row, err
 	}
@@ -222,6 +229,7 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 		row.Forwards += r.Forwards
 		row.Errors += r.Errors
 		msgs += r.Messages
+		row.WorkerCPUms += r.CPUms
 		delivered += r.Delivered
 		lat = append(lat, r.Latencies...)
 		row.Details = append(row.Details, r.Detail)
@@ -237,6 +245,10 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	}
 	row.ForwardsPerInput = float64(row.Forwards) / float64(wf.unique)
 	row.Seconds = elapsed.Seconds()
+	row.ServerCPUms = -1
+	if used >= 0 {
+		row.ServerCPUms = float64(used) / float64(time.Millisecond)
+	}
 	row.RequestsPerSec = float64(wf.requests) / elapsed.Seconds()
 	row.MsgsPerRequest = float64(msgs) / float64(wf.requests)
 	row.DeliveredPerRequest = float64(delivered) / float64(wf.requests)
@@ -244,8 +256,10 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 }
 
 // runWorkers starts one worker per process, waits until all are ready,
-// starts them together and collects their reports.
-func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResult, time.Duration, error) {
+// starts them together and collects their reports, and the time and the
+// servers' CPU (cpu; -1 if unread) from the start until the last worker
+// is done.
+func runWorkers(ctx context.Context, self string, base dedupConfig, cpu cpuClock) ([]dedupResult, time.Duration, time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type proc struct {
@@ -274,24 +288,25 @@ func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResu
 		p.cmd.Stderr = &p.stderr
 		var err error
 		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		stdout, err := p.cmd.StdoutPipe()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		p.out = bufio.NewReader(stdout)
 		if err := p.cmd.Start(); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		procs[i] = p
 	}
 	for _, p := range procs {
 		if _, err := p.out.ReadBytes('\n'); err != nil { // {"ready":true}
 			p.cmd.Wait()
-			return nil, 0, fail(p, fmt.Errorf("worker did not get ready: %w", err))
+			return nil, 0, 0, fail(p, fmt.Errorf("worker did not get ready: %w", err))
 		}
 	}
+	cpu0, cpuErr := cpu()
 	start := time.Now()
 	for _, p := range procs {
 		io.WriteString(p.stdin, "go\n")
@@ -310,53 +325,57 @@ func runWorkers(ctx context.Context, self string, base dedupConfig) ([]dedupResu
 	}
 	for i, p := range procs {
 		if err := read(i, p, &results[i]); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	}
 	elapsed := time.Since(start)
+	used := time.Duration(-1)
+	if cpu1, err := cpu(); err == nil && cpuErr == nil {
+		used = cpu1 - cpu0
+	}
 	for _, p := range procs {
 		io.WriteString(p.stdin, "report\n")
 	}
 	for i, p := range procs {
 		var r dedupResult
 		if err := read(i, p, &r); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		results[i].Forwards, results[i].Messages, results[i].Delivered, results[i].Detail = r.Forwards, r.Messages, r.Delivered, r.Detail
 	}
-	return results, elapsed, nil
+	return results, elapsed, used, nil
 }
 
 // startRedis runs redis-server on a free loopback port, without persistence.
-func startRedis(ctx context.Context, dir string) (string, func(), error) {
+func startRedis(ctx context.Context, dir string) (addr string, pid int, stop func(), err error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	port, err := embedded.FreePort("127.0.0.1")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
-	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for rdb.Ping(ctx).Err() != nil {
 		if time.Now().After(deadline) {
 			stop()
-			return "", nil, fmt.Errorf("redis-server did not answer on %s: %s", addr, stderr.String())
+			return "", 0, nil, fmt.Errorf("redis-server did not answer on %s: %s", addr, stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return addr, stop, nil
+	return addr, cmd.Process.Pid, stop, nil
 }
 
 // cpuProfileEnv names a directory where each worker process writes a CPU
@@ -441,6 +460,7 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 		defer stop()
 	}
 	m0, d0 := sys.messages(), deliveredOf(sys)
+	cpu0, cpuErr := selfCPU()
 	next := make(chan int)
 	go func() {
 		defer close(next)
@@ -479,6 +499,9 @@ func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, err
 		})
 	}
 	wg.Wait()
+	if cpu1, err := selfCPU(); err == nil && cpuErr == nil {
+		res.CPUms = float64(cpu1-cpu0) / float64(time.Millisecond)
+	}
 	if err := writeJSONLine(out, res); err != nil {
 		return err
 	}
@@ -504,18 +527,22 @@ func printWorkload(w io.Writer, rows []workloadRow) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "system\tforwards\tper input\treq/s\tembcache-r1 speedup\tp50 ms\tp99 ms\tmsgs/req\terrors\tnote")
+	fmt.Fprintln(tw, "system\tforwards\tper input\treq/s\tembcache-r1 speedup\tp50 ms\tp99 ms\tmsgs/req\tworker CPU ms\tserver CPU ms\terrors\tnote")
 	for _, r := range rows {
 		if r.Skipped != "" && r.Seconds == 0 {
-			fmt.Fprintf(tw, "%s\t\t\t\t\t\t\t\t\t%s\n", r.System, r.Skipped)
+			fmt.Fprintf(tw, "%s\t\t\t\t\t\t\t\t\t\t\t%s\n", r.System, r.Skipped)
 			continue
 		}
 		ratio := "-"
 		if ref > 0 && r.RequestsPerSec > 0 {
 			ratio = fmt.Sprintf("%.2fx", ref/r.RequestsPerSec)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f\t%s\t%.3f\t%.1f\t%.1f\t%d\t%s\n", r.System, r.Forwards, r.ForwardsPerInput,
-			r.RequestsPerSec, ratio, r.P50ms, r.P99ms, r.MsgsPerRequest, r.Errors, r.Skipped)
+		serverCPU := "-"
+		if r.ServerCPUms >= 0 {
+			serverCPU = fmt.Sprintf("%.0f", r.ServerCPUms)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.1f\t%s\t%.3f\t%.1f\t%.1f\t%.0f\t%s\t%d\t%s\n", r.System, r.Forwards, r.ForwardsPerInput,
+			r.RequestsPerSec, ratio, r.P50ms, r.P99ms, r.MsgsPerRequest, r.WorkerCPUms, serverCPU, r.Errors, r.Skipped)
 	}
 	tw.Flush()
 }
