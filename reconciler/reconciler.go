@@ -138,7 +138,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		b, err := r.bucket(ctx)
 		if err == nil {
-			since := r.lastActive(ctx, b)
+			since, rev := r.resumeFrom(ctx, b)
 			var el *lease.Lease
 			el, err = r.campaign(ctx, b)
 			if err == nil {
@@ -148,7 +148,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
 				r.ensureRepublish(ctx, b)
-				err = r.active(ctx, b, el, since)
+				err = r.active(ctx, b, el, since, rev)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
 				el.Stop()
@@ -202,30 +202,16 @@ func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Leas
 	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock})
 }
 
-// lastActive is, as far as the bucket tells, since when the previous
-// active reconciler may have done nothing: the time stamp of the election
-// key's last message (the previous one's last renewal, or the marker its
-// lease left), less a lease TTL (it may have stalled that long before).
-// Zero when nothing tells (no message: the first start, or the marker is
-// gone after the marker TTL): everything may have been missed.
-func (r *Reconciler) lastActive(ctx context.Context, b *lease.Bucket) time.Time {
-	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-	defer cancel()
-	prev, err := b.Read(octx, ElectionKey)
-	if err != nil || prev.Rev == 0 || prev.Stamp.IsZero() {
-		return time.Time{}
-	}
-	return prev.Stamp.Add(-r.s.leaseTTL - time.Second)
-}
-
 // active reconciles until the lease is lost or ctx ends. It keeps nothing
 // per value: what it needs of a value it reads from the stream when it
 // needs it (events.Latest), so its memory grows with the work in hand,
-// not with the records. It follows the bucket from since (the previous
-// active's end): the markers placed meanwhile are still in the bucket if
-// that is less than a marker TTL ago; otherwise (or since unknown) it
-// sweeps every value the events know once.
-func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease, since time.Time) error {
+// not with the records. It follows the bucket from since (as far as the
+// previous active one's loop got: resumeFrom): the markers placed
+// meanwhile are still in the bucket if that is less than a marker TTL
+// ago; otherwise (or since unknown, or a sweep left unfinished) it sweeps
+// every value the events know once. progressRev is the revision of the
+// progress record its own marks replace.
+func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease, since time.Time, progressRev uint64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -285,13 +271,21 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		return err
 	}
 	defer stop()
+	// The loop's progress, for a successor (the loop ends when ctx does,
+	// and so do the sweep and the marks).
+	var beside sync.WaitGroup
+	defer beside.Wait()
+	marks := newTracker(r, b, start, sweep, progressRev)
+	beside.Go(func() { marks.run(ctx) })
 	if sweep {
 		// Beside the loop, not before it: a sweep of a million values
 		// takes minutes, and the markers placed meanwhile must be read
 		// before their own TTL ends them.
-		var swept sync.WaitGroup
-		defer swept.Wait() // the loop returns once ctx has ended, which ends the sweep too
-		swept.Go(func() { r.sweep(ctx, x) })
+		beside.Go(func() {
+			if r.sweep(ctx, x) {
+				marks.sweepDone()
+			}
+		})
 	}
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
@@ -304,7 +298,8 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 			r.spreadLeaders(ctx, b)
 		case fn := <-work:
 			fn()
-		case m := <-changes:
+		case c := <-changes:
+			m := c.msg
 			key, _ := lease.KeyOfSubject(m.Subject())
 			h := m.Headers()
 			switch {
@@ -315,6 +310,11 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 				if _, err := lease.DecodeRecord(m.Data()); err != nil {
 					r.tel.RecordBad(err, telemetry.OpWatch)
 				}
+			}
+			if ctx.Err() == nil {
+				// Handled in full: one cut short by the step-down (a read
+				// refused as canceled) is its successor's to handle.
+				marks.done(c.shard, m)
 			}
 		}
 	}
@@ -345,8 +345,8 @@ func (r *Reconciler) spreadLeaders(ctx context.Context, b *lease.Bucket) {
 // start on, in order within each shard (an ordered consumer per shard,
 // which resumes where it was after a stall or a leader change), until
 // stop.
-func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, start time.Time) (<-chan jetstream.Msg, func(), error) {
-	ch := make(chan jetstream.Msg, 256)
+func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, start time.Time) (<-chan shardMsg, func(), error) {
+	ch := make(chan shardMsg, 256)
 	quit := make(chan struct{}) // closed by stop: a handler waiting on ch gives up
 	var running []jetstream.ConsumeContext
 	stop := func() {
@@ -356,7 +356,7 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, s
 			<-cc.Closed()
 		}
 	}
-	for _, kv := range b.Shards() {
+	for shard, kv := range b.Shards() {
 		cons, err := js.OrderedConsumer(ctx, "KV_"+kv.Bucket(), jetstream.OrderedConsumerConfig{
 			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
 		if err != nil {
@@ -365,7 +365,7 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, s
 		}
 		cc, err := cons.Consume(func(m jetstream.Msg) {
 			select {
-			case ch <- m:
+			case ch <- shardMsg{shard, m}:
 			case <-quit:
 			}
 		})
@@ -376,6 +376,12 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, s
 		running = append(running, cc)
 	}
 	return ch, stop, nil
+}
+
+// shardMsg is a message of one of the bucket's shards' streams.
+type shardMsg struct {
+	shard int
+	msg   jetstream.Msg
 }
 
 // applyTouch extends the committed record's TTL to the touch's expiry.
@@ -554,7 +560,7 @@ const sweepReaders = 16
 // last published and touched event of every value once, one batch at a
 // time, and each one's record (sweepReaders at once); it holds nothing of
 // them.
-func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
+func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 	keys := make(chan string, sweepReaders)
 	var wg sync.WaitGroup
 	for range sweepReaders {
@@ -577,16 +583,18 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) {
 	})
 	close(keys)
 	wg.Wait()
-	switch {
-	case err == nil && ctx.Err() == nil:
-		r.did(actionSweep) // counted when done
-	case ctx.Err() == nil:
-		r.s.logger.Warn("embcache: sweep ended early", "err", err)
-	}
 	if skipped > 0 {
 		// The durable consumer counts them as it reaches them.
 		r.s.logger.Warn("embcache: sweep skipped events that do not decode", "skipped", skipped)
 	}
+	switch {
+	case err == nil && ctx.Err() == nil:
+		r.did(actionSweep) // counted when done
+		return true
+	case ctx.Err() == nil:
+		r.s.logger.Warn("embcache: sweep ended early", "err", err)
+	}
+	return false
 }
 
 // applyInvalidation removes every committed record (and payload) of the

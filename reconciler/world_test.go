@@ -120,19 +120,30 @@ func (e *world) reconciler(d reconciler.Deleter, opts ...reconciler.Option) (*re
 	return r, run(e.t, r)
 }
 
-// blockingDeleter blocks the delete of one object until its context ends:
-// it holds the reconciler's loop, as a slow store's delete would.
+// blockingDeleter blocks the delete of one object (of every one, with
+// all) until its context ends: it holds the reconciler's loop, or its
+// sweep's readers, as a slow store's delete would.
 type blockingDeleter struct {
 	store   *payload.MemoryStore
 	object  string
+	all     bool
 	entered atomic.Bool
 }
 
 func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location) error {
-	if loc.Object == d.object {
+	if d.all || loc.Object == d.object {
 		d.entered.Store(true)
 		<-ctx.Done()
 		return ctx.Err()
 	}
 	return d.store.Delete(ctx, loc)
+}
+
+// renewedAfter reports whether the active reconciler's lease was last
+// renewed more than two lease TTLs (of 1 s) and the second of clock skew
+// after t: from then on, its renewals alone no longer say that a marker
+// placed before t may not have been handled.
+func (e *world) renewedAfter(t time.Time) bool {
+	cur, err := e.b.Read(context.Background(), reconciler.ElectionKey)
+	return err == nil && cur.Stamp.After(t.Add(3*time.Second))
 }

@@ -1,0 +1,280 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ProgressKey is the KV key (shard 0, no '.': never a tenant's) where the
+// active reconciler records how far its loop has handled the bucket's
+// markers and whether a sweep it started is unfinished. Its successor
+// starts there: the election's renewals say the process was alive, not
+// that its loop kept up (docs/protocol.md 4.6).
+const ProgressKey = "_reconciler_progress"
+
+// progressVersion is the version of the progress record this release
+// writes and reads; a record of another is not trusted (the successor
+// falls back to the election's last renewal).
+const progressVersion = 1
+
+// progress is the record at ProgressKey.
+type progress struct {
+	V     int    `json:"v"`
+	Owner string `json:"owner"`
+	// Handled: every message stored in every shard before it (the stream
+	// leaders' time) has been handled.
+	Handled time.Time `json:"handled"`
+	// Sweeping: a sweep started and did not finish; the successor sweeps.
+	Sweeping bool `json:"sweeping,omitempty"`
+}
+
+// progressSkew is taken off a progress mark before it is used as a start:
+// the shards' leaders, whose clocks stamp the messages and the marks, may
+// be on different servers.
+const progressSkew = time.Second
+
+// resumeFrom is where an active reconciler starts following the bucket:
+// the predecessor's progress mark less progressSkew, and rev, the progress
+// record's revision (0 if none), which its own marks replace. Zero (sweep)
+// if the predecessor left a sweep unfinished. Without a progress record
+// (the bucket's first reconciler, or one of an earlier release), it is the
+// time stamp of the election key's last message (the last renewal, or the
+// marker the lease left) less a lease TTL (the process may have stalled
+// that long), or zero if there is none.
+func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since time.Time, rev uint64) {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	e, err := b.Shards()[0].Get(octx, ProgressKey)
+	if err == nil {
+		rev = e.Revision()
+		var p progress
+		switch err := json.Unmarshal(e.Value(), &p); {
+		case err != nil || p.V != progressVersion || p.Handled.IsZero():
+			r.s.logger.Warn("embcache: reconciler progress record not understood, starting from the election's", "err", err, "v", p.V)
+		case p.Sweeping:
+			return time.Time{}, rev
+		default:
+			return p.Handled.Add(-progressSkew), rev
+		}
+	}
+	prev, err := b.Read(octx, ElectionKey)
+	if err != nil || prev.Rev == 0 || prev.Stamp.IsZero() {
+		return time.Time{}, rev
+	}
+	return prev.Stamp.Add(-r.s.leaseTTL - time.Second), rev
+}
+
+// progressEvery is how often the active reconciler takes its progress
+// mark: one read of each shard's stream info and one write.
+func (r *Reconciler) progressEvery() time.Duration { return max(r.s.leaseTTL/2, time.Second) }
+
+// tracker follows how far the active reconciler's loop has handled each
+// shard's messages, and writes the mark that follows from it.
+type tracker struct {
+	r       *Reconciler
+	b       *lease.Bucket
+	start   time.Time       // where the loop started: what came before was handled by a predecessor (or swept)
+	handled []atomic.Uint64 // per shard, the stream sequence of the last message the loop handled
+	swept   chan struct{}   // closed by sweepDone: the term's sweep finished
+	sweep   bool            // the term sweeps
+
+	// Read and written by run alone.
+	marks   []time.Time  // per shard: every message stored before it was handled
+	pending []checkpoint // per shard: a stream position the loop had not reached when taken
+	rev     uint64       // the progress record's revision, which the next write replaces
+}
+
+// checkpoint is a shard's last sequence at the stream leader's time at.
+type checkpoint struct {
+	seq uint64
+	at  time.Time
+}
+
+func newTracker(r *Reconciler, b *lease.Bucket, start time.Time, sweep bool, rev uint64) *tracker {
+	n := len(b.Shards())
+	t := &tracker{r: r, b: b, start: start, sweep: sweep, rev: rev, swept: make(chan struct{}),
+		handled: make([]atomic.Uint64, n), marks: make([]time.Time, n), pending: make([]checkpoint, n)}
+	for i := range t.marks {
+		t.marks[i] = start
+	}
+	return t
+}
+
+// sweepDone records that the term's sweep finished; the next mark, which
+// says so, is written at once.
+func (t *tracker) sweepDone() { close(t.swept) }
+
+// sweeping reports whether the term's sweep is unfinished.
+func (t *tracker) sweeping() bool {
+	select {
+	case <-t.swept:
+		return false
+	default:
+		return t.sweep
+	}
+}
+
+// done records that the loop has handled the message m of shard.
+func (t *tracker) done(shard int, m jetstream.Msg) {
+	if meta, err := m.Metadata(); err == nil {
+		t.handled[shard].Store(meta.Sequence.Stream)
+	}
+}
+
+// run writes the term's first mark at once (its start, and whether it
+// sweeps: a sweep cut short by this process's end is then seen), then one
+// every progressEvery and one when the sweep is done, until another
+// process writes marks or ctx ends; then a last one, from what the loop
+// has reached of the positions already taken (no stream is read: a
+// server that is down holds the end up for one write's timeout at most).
+func (t *tracker) run(ctx context.Context) {
+	if !t.record(ctx, t.start, true) {
+		return
+	}
+	tick := time.NewTicker(t.r.progressEvery())
+	defer tick.Stop()
+	swept := t.swept
+	for {
+		select {
+		case <-ctx.Done():
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.r.s.opTimeout)
+			defer cancel()
+			t.record(last, t.reached(), false)
+			return
+		case <-tick.C:
+		case <-swept:
+			swept = nil // once
+		}
+		if !t.record(ctx, t.mark(ctx), false) {
+			return
+		}
+	}
+}
+
+// record writes the mark handled, and reports whether the term goes on
+// writing. A write refused because the record changed since this term
+// last read or wrote it is looked into: the term's first write replaces
+// whatever is there (a predecessor's late mark: this term starts from
+// the one it read); a later one goes on over a write of its own (one whose
+// answer was lost) and otherwise ends the term's marks (another process
+// writes them): its successor then starts from an older mark, which
+// handles some markers twice (harmless) and misses none. Any other error
+// (a server down) is logged and the next tick tries again.
+func (t *tracker) record(ctx context.Context, handled time.Time, first bool) bool {
+	err := t.write(ctx, handled)
+	if err == nil || ctx.Err() != nil {
+		return ctx.Err() == nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err)
+		return true
+	}
+	octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
+	e, gerr := t.b.Shards()[0].Get(octx, ProgressKey)
+	cancel()
+	if gerr != nil {
+		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err, "read", gerr)
+		return true
+	}
+	var p progress
+	json.Unmarshal(e.Value(), &p) // an unreadable record is nobody's: replaced by a first write only
+	if !first && p.Owner != t.r.id {
+		t.r.s.logger.Warn("embcache: reconciler progress written by another process; this term records no more", "owner", p.Owner)
+		return false
+	}
+	t.rev = e.Revision()
+	if err := t.write(ctx, handled); err != nil && ctx.Err() == nil {
+		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err)
+	}
+	return ctx.Err() == nil
+}
+
+// mark advances each shard's mark as far as the loop has handled it and
+// returns the earliest. A shard whose last message at the stream leader's
+// time was handled (or came before the term's start) is handled up to that
+// time; one whose loop is behind keeps its mark until the loop reaches the
+// position taken then (so a loop that lags but moves still advances).
+func (t *tracker) mark(ctx context.Context) time.Time {
+	t.reached()
+	for shard, kv := range t.b.Shards() {
+		handled := t.handled[shard].Load()
+		if t.pending[shard].seq != 0 {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
+		s, err := t.r.js.Stream(octx, "KV_"+kv.Bucket())
+		var info *jetstream.StreamInfo
+		if err == nil {
+			info, err = s.Info(octx)
+		}
+		cancel()
+		if err != nil {
+			continue
+		}
+		if st := info.State; st.LastSeq <= handled || st.LastTime.Before(t.start) {
+			t.marks[shard] = later(t.marks[shard], info.TimeStamp)
+		} else {
+			t.pending[shard] = checkpoint{seq: st.LastSeq, at: info.TimeStamp}
+		}
+	}
+	return t.earliest()
+}
+
+// reached moves the marks of the shards whose loop has reached the
+// position taken, and returns the earliest mark.
+func (t *tracker) reached() time.Time {
+	for shard, p := range t.pending {
+		if p.seq != 0 && t.handled[shard].Load() >= p.seq {
+			t.marks[shard] = later(t.marks[shard], p.at)
+			t.pending[shard] = checkpoint{}
+		}
+	}
+	return t.earliest()
+}
+
+func (t *tracker) earliest() time.Time {
+	earliest := t.marks[0]
+	for _, m := range t.marks[1:] {
+		if m.Before(earliest) {
+			earliest = m
+		}
+	}
+	return earliest
+}
+
+// write replaces the progress record (if still at t.rev) with handled,
+// and whether the term's sweep is unfinished.
+func (t *tracker) write(ctx context.Context, handled time.Time) error {
+	body, err := json.Marshal(progress{V: progressVersion, Owner: t.r.id, Handled: handled, Sweeping: t.sweeping()})
+	if err != nil {
+		return err
+	}
+	octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
+	defer cancel()
+	kv := t.b.Shards()[0]
+	var rev uint64
+	if t.rev == 0 {
+		rev, err = kv.Create(octx, ProgressKey, body)
+	} else {
+		rev, err = kv.Update(octx, ProgressKey, body, t.rev)
+	}
+	if err != nil {
+		return fmt.Errorf("reconciler: progress at revision %d: %w", t.rev, err)
+	}
+	t.rev = rev
+	return nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
