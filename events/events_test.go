@@ -376,6 +376,60 @@ func TestLatestAndScan(t *testing.T) {
 	}
 }
 
+// An ending of an earlier value stored after the next value's publish
+// (its process published it late) does not end the next value: the
+// reconciler would neither announce that value's expiry nor delete its
+// payload. An abandon made before the value's publish, and an eviction of
+// other bytes, are an earlier value's; an abandon made after it, and an
+// eviction of its bytes, end it.
+func TestALateEndOfAnEarlierValueDoesNotEndTheNext(t *testing.T) {
+	_, _, js := server(t)
+	ctx := context.Background()
+	s, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit := func(e *Event) {
+		t.Helper()
+		b, err := Encode(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, e.Subject(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := func() bool {
+		t.Helper()
+		_, live, ok, err := Latest(ctx, s, "acme", key(1))
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		return live
+	}
+	emit(published("acme", 1, now.Add(time.Hour)))
+	emit(&Event{Kind: KindAbandoned, Tenant: "acme", Key: key(1), Reason: "OOM", Time: now.Add(-5 * time.Second)})
+	if !live() {
+		t.Fatal("a late abandon of a compute that failed before the value's publish ended the value")
+	}
+	other := payload.Location{Transport: "shm", Node: "n1", Address: "/dev/shm/embcache",
+		Object: payload.ObjectID{Tenant: "acme", Key: key(1)}.String(), Size: 128, Checksum: payload.Checksum{9}}
+	emit(&Event{Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now, Location: &other})
+	if !live() {
+		t.Fatal("an eviction of other bytes ended the value")
+	}
+	emit(&Event{Kind: KindAbandoned, Tenant: "acme", Key: key(1), Reason: "OOM", Time: now.Add(time.Millisecond)})
+	if live() {
+		t.Fatal("an abandon made after the value's publish did not end it")
+	}
+	emit(published("acme", 1, now.Add(time.Hour)))
+	mine := published("acme", 1, now).Location
+	emit(&Event{Kind: KindEvicted, Tenant: "acme", Key: key(1), Cause: CauseExpired, Time: now, Location: mine})
+	if live() {
+		t.Fatal("an eviction of the value's bytes did not end it")
+	}
+}
+
 // A New subscription whose consumer is recreated before its first
 // delivery (nats.go's ordered consumer does so after a missed heartbeat,
 // a reconnect or a deleted consumer) loses nothing published since it

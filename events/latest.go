@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,11 +20,24 @@ import (
 // Latest reads what the stream's last events of tenant's key say of its
 // value: the newest published or touched event (its location, model and
 // epoch), and whether that value is live in the stream's eyes: no evicted
-// or abandoned event came after it. An event that does not decode counts
-// as absent. ok is false when the stream has no published or touched event
-// of the key.
+// or abandoned event of it came after it. An event that does not decode
+// counts as absent. ok is false when the stream has no published or
+// touched event of the key.
+//
+// "Of it": the stream orders a key's events by when they were stored, and
+// an ending of an earlier value can be stored late (a process that
+// published it after a reconnect): an evicted event naming other bytes
+// than the newest value's, or an abandoned event made more than
+// eventClockSkew before it (a compute that failed before this value's was
+// committed), does not end it.
 func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey.Key) (e Entry, live, ok bool, err error) {
-	var newest, ended uint64 // stream sequences
+	var newest uint64 // stream sequence
+	var newestAt time.Time
+	type ending struct {
+		seq uint64
+		ev  Event
+	}
+	var endings []ending
 	for _, kind := range []Kind{KindPublished, KindTouched, KindEvicted, KindAbandoned} {
 		ev := Event{Kind: kind, Tenant: tenant, Key: key}
 		m, err := s.GetLastMsgForSubject(ctx, ev.Subject())
@@ -40,15 +54,32 @@ func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey
 		switch kind {
 		case KindPublished, KindTouched:
 			if m.Sequence > newest {
-				newest = m.Sequence
+				newest, newestAt = m.Sequence, got.Time
 				e = Entry{Tenant: tenant, Key: key, Model: got.Model, Epoch: got.Epoch, Location: *got.Location, Expires: got.Expires}
 			}
 		default:
-			ended = max(ended, m.Sequence)
+			endings = append(endings, ending{m.Sequence, got})
 		}
 	}
-	return e, newest > ended, newest > 0, nil
+	if newest == 0 {
+		return Entry{}, false, false, nil
+	}
+	for _, end := range endings {
+		switch {
+		case end.seq < newest:
+		case end.ev.Kind == KindEvicted && end.ev.Location != nil && end.ev.Location.Checksum != e.Location.Checksum:
+		case end.ev.Kind == KindAbandoned && end.ev.Time.Add(eventClockSkew).Before(newestAt):
+		default:
+			return e, false, true, nil
+		}
+	}
+	return e, true, true, nil
 }
+
+// eventClockSkew bounds how far the clocks of the processes that stamp
+// events may disagree (docs/protocol.md 3.1 assumes as much for lease
+// TTLs).
+const eventClockSkew = time.Second
 
 // Scan calls fn with every event the stream holds of kinds (every kind if
 // none), in stream order, up to the last one there at the time of the
