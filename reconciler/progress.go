@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,19 +77,30 @@ func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since tim
 func (r *Reconciler) progressEvery() time.Duration { return max(r.s.leaseTTL/2, time.Second) }
 
 // tracker follows how far the active reconciler's loop has handled each
-// shard's messages, and writes the mark that follows from it.
+// shard's messages, writes the mark that follows from it, and runs the
+// term's sweeps: the first, if the term starts with one, and one whenever
+// the mark falls half a marker TTL behind (the server removes markers a
+// marker TTL after it placed them, handled or not: a loop that far behind
+// may never see some; a sweep finds their values).
 type tracker struct {
 	r       *Reconciler
 	b       *lease.Bucket
 	start   time.Time       // where the loop started: what came before was handled by a predecessor (or swept)
 	handled []atomic.Uint64 // per shard, the stream sequence of the last message the loop handled
-	swept   chan struct{}   // closed by sweepDone: the term's sweep finished
-	sweep   bool            // the term sweeps
+	sweepFn func(context.Context) (done bool)
 
 	// Read and written by run alone.
-	marks   []time.Time  // per shard: every message stored before it was handled
+	marks   []time.Time  // per shard: every message stored before it was handled (or its value swept)
 	pending []checkpoint // per shard: a stream position the loop had not reached when taken
 	rev     uint64       // the progress record's revision, which the next write replaces
+	owed    bool         // a sweep is owed: the term's first, or one for a loop behind, not finished yet
+	running bool         // a sweep runs
+}
+
+// sweepEnd is a sweep's end: when it started, and whether it finished.
+type sweepEnd struct {
+	started time.Time
+	done    bool
 }
 
 // checkpoint is a shard's last sequence at the stream leader's time at.
@@ -97,28 +109,16 @@ type checkpoint struct {
 	at  time.Time
 }
 
-func newTracker(r *Reconciler, b *lease.Bucket, start time.Time, sweep bool, rev uint64) *tracker {
+// newTracker starts from start, the progress record at revision rev, and
+// owes a sweep (sweepFn) if sweep.
+func newTracker(r *Reconciler, b *lease.Bucket, start time.Time, sweep bool, rev uint64, sweepFn func(context.Context) bool) *tracker {
 	n := len(b.Shards())
-	t := &tracker{r: r, b: b, start: start, sweep: sweep, rev: rev, swept: make(chan struct{}),
+	t := &tracker{r: r, b: b, start: start, owed: sweep, rev: rev, sweepFn: sweepFn,
 		handled: make([]atomic.Uint64, n), marks: make([]time.Time, n), pending: make([]checkpoint, n)}
 	for i := range t.marks {
 		t.marks[i] = start
 	}
 	return t
-}
-
-// sweepDone records that the term's sweep finished; the next mark, which
-// says so, is written at once.
-func (t *tracker) sweepDone() { close(t.swept) }
-
-// sweeping reports whether the term's sweep is unfinished.
-func (t *tracker) sweeping() bool {
-	select {
-	case <-t.swept:
-		return false
-	default:
-		return t.sweep
-	}
 }
 
 // done records that the loop has handled the message m of shard.
@@ -129,18 +129,33 @@ func (t *tracker) done(shard int, m jetstream.Msg) {
 }
 
 // run writes the term's first mark at once (its start, and whether it
-// sweeps: a sweep cut short by this process's end is then seen), then one
-// every progressEvery and one when the sweep is done, until another
+// owes a sweep: a sweep cut short by this process's end is then seen),
+// then one every progressEvery and one when a sweep ends, until another
 // process writes marks or ctx ends; then a last one, from what the loop
 // has reached of the positions already taken (no stream is read: a
 // server that is down holds the end up for one write's timeout at most).
+// A sweep owed and not running (the first, one that ended early, one for
+// a loop behind) is started at once and at each mark; one that finishes
+// moves every shard's mark to its start, before which every value whose
+// record was gone has been announced.
 func (t *tracker) run(ctx context.Context) {
+	ended := make(chan sweepEnd, 1) // one sweep at a time
+	var sweeps sync.WaitGroup
+	defer sweeps.Wait()
+	sweep := func() {
+		if !t.owed || t.running {
+			return
+		}
+		t.running = true
+		started := time.Now()
+		sweeps.Go(func() { ended <- sweepEnd{started, t.sweepFn(ctx)} })
+	}
+	sweep()
 	if !t.record(ctx, t.start, true) {
 		return
 	}
 	tick := time.NewTicker(t.r.progressEvery())
 	defer tick.Stop()
-	swept := t.swept
 	for {
 		select {
 		case <-ctx.Done():
@@ -149,10 +164,22 @@ func (t *tracker) run(ctx context.Context) {
 			t.record(last, t.reached(), false)
 			return
 		case <-tick.C:
-		case <-swept:
-			swept = nil // once
+		case e := <-ended:
+			t.running = false
+			if e.done {
+				t.owed = false
+				for shard := range t.marks {
+					t.marks[shard] = later(t.marks[shard], e.started)
+				}
+			}
 		}
-		if !t.record(ctx, t.mark(ctx), false) {
+		mark := t.mark(ctx)
+		if behind := time.Since(mark); behind > t.r.s.markerTTL/2 && !t.owed {
+			t.r.s.logger.Warn("embcache: reconciler behind the bucket's markers by half their TTL, sweeping", "behind", behind)
+			t.owed = true
+		}
+		sweep()
+		if !t.record(ctx, mark, false) {
 			return
 		}
 	}
@@ -252,7 +279,7 @@ func (t *tracker) earliest() time.Time {
 // write replaces the progress record (if still at t.rev) with handled,
 // and whether the term's sweep is unfinished.
 func (t *tracker) write(ctx context.Context, handled time.Time) error {
-	body, err := json.Marshal(progress{V: progressVersion, Owner: t.r.id, Handled: handled, Sweeping: t.sweeping()})
+	body, err := json.Marshal(progress{V: progressVersion, Owner: t.r.id, Handled: handled, Sweeping: t.owed})
 	if err != nil {
 		return err
 	}

@@ -118,3 +118,25 @@ func TestTheMarkAdvancesAndAFailoverDoesNotSweep(t *testing.T) {
 		t.Fatal("value 0's payload stayed")
 	}
 }
+
+// A loop held up for half a marker TTL (the server removes a marker a
+// marker TTL after placing it, handled or not) has its values swept: an
+// expiry behind the held-up one is announced and its payload deleted
+// while the loop is still held up.
+func TestALoopFarBehindItsMarkersSweeps(t *testing.T) {
+	e := newWorld(t)
+	ctx := context.Background()
+	blocked := e.commit(0, time.Second)
+	d := &blockingDeleter{store: e.store, object: blocked.Object}
+	r1, _ := e.reconciler(d, reconciler.WithOpTimeout(time.Minute), reconciler.WithMarkerTTL(4*time.Second))
+	waitFor(t, "r1 active, its first sweep done", func() bool { return r1.Stats().Active && r1.Stats().Sweeps == 1 })
+	waitFor(t, "r1's loop held up in a payload delete", d.entered.Load)
+	loc := e.commit(1, time.Second)
+	waitFor(t, "value 1's eviction announced", func() bool { return e.evicted(1) })
+	waitFor(t, "value 1's payload deleted", func() bool { _, err := e.store.Get(ctx, loc); return err != nil })
+	// By the sweep: the loop is still in value 0's delete (its op timeout
+	// is a minute), whose eviction it has not published.
+	if n := r1.Stats().Expired; n != 1 {
+		t.Fatalf("%d evictions announced, want value 1's alone", n)
+	}
+}

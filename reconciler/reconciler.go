@@ -271,22 +271,14 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		return err
 	}
 	defer stop()
-	// The loop's progress, for a successor (the loop ends when ctx does,
-	// and so do the sweep and the marks).
+	// The loop's progress, for a successor, and the sweeps: beside the
+	// loop, not before it (a sweep of a million values takes minutes, and
+	// the markers placed meanwhile must be read before their own TTL ends
+	// them). The loop ends when ctx does, and so do they.
 	var beside sync.WaitGroup
 	defer beside.Wait()
-	marks := newTracker(r, b, start, sweep, progressRev)
+	marks := newTracker(r, b, start, sweep, progressRev, func(ctx context.Context) bool { return r.sweep(ctx, x) })
 	beside.Go(func() { marks.run(ctx) })
-	if sweep {
-		// Beside the loop, not before it: a sweep of a million values
-		// takes minutes, and the markers placed meanwhile must be read
-		// before their own TTL ends them.
-		beside.Go(func() {
-			if r.sweep(ctx, x) {
-				marks.sweepDone()
-			}
-		})
-	}
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
 	defer spread.Stop()

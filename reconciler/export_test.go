@@ -1,0 +1,9 @@
+package reconciler
+
+import "time"
+
+// WithMarkerTTL sets the marker TTL the reconciler assumes of the bucket
+// (a test's, shorter than the minute every process uses).
+func WithMarkerTTL(d time.Duration) Option {
+	return func(s *settings) error { s.markerTTL = d; return nil }
+}
