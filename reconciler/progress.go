@@ -36,40 +36,49 @@ type progress struct {
 	Sweeping bool `json:"sweeping,omitempty"`
 }
 
-// progressSkew is taken off a progress mark before it is used as a start:
-// the shards' leaders, whose clocks stamp the messages and the marks, may
-// be on different servers.
-const progressSkew = time.Second
-
-// resumeFrom is where an active reconciler starts following the bucket:
-// the predecessor's progress mark less progressSkew, and rev, the progress
-// record's revision (0 if none), which its own marks replace. Zero (sweep)
-// if the predecessor left a sweep unfinished. Without a progress record
-// (the bucket's first reconciler, or one of an earlier release), it is the
-// time stamp of the election key's last message (the last renewal, or the
-// marker the lease left) less a lease TTL (the process may have stalled
-// that long), or zero if there is none.
-func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since time.Time, rev uint64) {
+// resumeFrom is where an active reconciler starts following the bucket,
+// and rev, the progress record's revision (0 if none), which its own marks
+// replace. It is the predecessor's progress mark less a lease TTL and a
+// second: a shard's mark is its leader's time when its position was
+// taken, and a replicated stream stamps a message when it is proposed,
+// before it counts in the position (a slow commit), and a leader that
+// moves may have a clock behind. Zero (sweep) if the predecessor left a
+// sweep unfinished, or wrote a record this release does not understand (a
+// newer one's: its mark cannot be trusted, and going back to the
+// election's renewals would skip what a held-up loop left). Without a
+// progress record (the bucket's first reconciler, or one of an earlier
+// release), it is the time stamp of the election key's last message (the
+// last renewal, or the marker the lease left) less a lease TTL and a
+// second, or zero if there is none. A record that cannot be read (a
+// shard's leader election) is an error: the campaign waits.
+func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since time.Time, rev uint64, err error) {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
+	margin := r.s.leaseTTL + time.Second
 	e, err := b.Shards()[0].Get(octx, ProgressKey)
-	if err == nil {
-		rev = e.Revision()
+	switch {
+	case err == nil:
 		var p progress
 		switch err := json.Unmarshal(e.Value(), &p); {
 		case err != nil || p.V != progressVersion || p.Handled.IsZero():
-			r.s.logger.Warn("embcache: reconciler progress record not understood, starting from the election's", "err", err, "v", p.V)
+			r.s.logger.Warn("embcache: reconciler progress record not understood, sweeping", "err", err, "v", p.V)
+			return time.Time{}, e.Revision(), nil
 		case p.Sweeping:
-			return time.Time{}, rev
+			return time.Time{}, e.Revision(), nil
 		default:
-			return p.Handled.Add(-progressSkew), rev
+			return p.Handled.Add(-margin), e.Revision(), nil
 		}
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return time.Time{}, 0, fmt.Errorf("reconciler: progress record: %w", err)
 	}
 	prev, err := b.Read(octx, ElectionKey)
-	if err != nil || prev.Rev == 0 || prev.Stamp.IsZero() {
-		return time.Time{}, rev
+	if err != nil {
+		return time.Time{}, 0, fmt.Errorf("reconciler: election key: %w", err)
 	}
-	return prev.Stamp.Add(-r.s.leaseTTL - time.Second), rev
+	if prev.Rev == 0 || prev.Stamp.IsZero() {
+		return time.Time{}, 0, nil
+	}
+	return prev.Stamp.Add(-margin), 0, nil
 }
 
 // progressEvery is how often the active reconciler takes its progress
@@ -85,8 +94,10 @@ func (r *Reconciler) progressEvery() time.Duration { return max(r.s.leaseTTL/2, 
 type tracker struct {
 	r       *Reconciler
 	b       *lease.Bucket
-	start   time.Time       // where the loop started: what came before was handled by a predecessor (or swept)
-	handled []atomic.Uint64 // per shard, the stream sequence of the last message the loop handled
+	holds   func(context.Context) bool // whether this process holds the election, as the bucket says
+	start   time.Time                  // where the loop started: what came before was handled by a predecessor (or swept)
+	handled []atomic.Uint64            // per shard, the stream sequence of the last message the loop handled
+	owes    atomic.Bool                // set by owe: the loop gave up a marker's eviction
 	sweepFn func(context.Context) (done bool)
 
 	// Read and written by run alone.
@@ -110,16 +121,23 @@ type checkpoint struct {
 }
 
 // newTracker starts from start, the progress record at revision rev, and
-// owes a sweep (sweepFn) if sweep.
-func newTracker(r *Reconciler, b *lease.Bucket, start time.Time, sweep bool, rev uint64, sweepFn func(context.Context) bool) *tracker {
+// owes a sweep (sweepFn) if sweep; holds says whether this process still
+// holds the election.
+func newTracker(r *Reconciler, b *lease.Bucket, holds func(context.Context) bool, start time.Time, sweep bool, rev uint64,
+	sweepFn func(context.Context) bool) *tracker {
 	n := len(b.Shards())
-	t := &tracker{r: r, b: b, start: start, owed: sweep, rev: rev, sweepFn: sweepFn,
+	t := &tracker{r: r, b: b, holds: holds, start: start, owed: sweep, rev: rev, sweepFn: sweepFn,
 		handled: make([]atomic.Uint64, n), marks: make([]time.Time, n), pending: make([]checkpoint, n)}
 	for i := range t.marks {
 		t.marks[i] = start
 	}
 	return t
 }
+
+// owe records that the loop gave up the eviction of a marker it handled:
+// the next mark owes a sweep, which finds the value (its record is gone),
+// and says so until it finishes.
+func (t *tracker) owe() { t.owes.Store(true) }
 
 // done records that the loop has handled the message m of shard.
 func (t *tracker) done(shard int, m jetstream.Msg) {
@@ -151,7 +169,7 @@ func (t *tracker) run(ctx context.Context) {
 		sweeps.Go(func() { ended <- sweepEnd{started, t.sweepFn(ctx)} })
 	}
 	sweep()
-	if !t.record(ctx, t.start, true) {
+	if !t.record(ctx, t.start) {
 		return
 	}
 	tick := time.NewTicker(t.r.progressEvery())
@@ -161,7 +179,7 @@ func (t *tracker) run(ctx context.Context) {
 		case <-ctx.Done():
 			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.r.s.opTimeout)
 			defer cancel()
-			t.record(last, t.reached(), false)
+			t.record(last, t.reached())
 			return
 		case <-tick.C:
 		case e := <-ended:
@@ -178,8 +196,12 @@ func (t *tracker) run(ctx context.Context) {
 			t.r.s.logger.Warn("embcache: reconciler behind the bucket's markers by half their TTL, sweeping", "behind", behind)
 			t.owed = true
 		}
+		if t.owes.Swap(false) && !t.owed {
+			t.r.s.logger.Warn("embcache: reconciler gave up an eviction, sweeping")
+			t.owed = true
+		}
 		sweep()
-		if !t.record(ctx, mark, false) {
+		if !t.record(ctx, mark) {
 			return
 		}
 	}
@@ -187,14 +209,12 @@ func (t *tracker) run(ctx context.Context) {
 
 // record writes the mark handled, and reports whether the term goes on
 // writing. A write refused because the record changed since this term
-// last read or wrote it is looked into: the term's first write replaces
-// whatever is there (a predecessor's late mark: this term starts from
-// the one it read); a later one goes on over a write of its own (one whose
-// answer was lost) and otherwise ends the term's marks (another process
-// writes them): its successor then starts from an older mark, which
-// handles some markers twice (harmless) and misses none. Any other error
-// (a server down) is logged and the next tick tries again.
-func (t *tracker) record(ctx context.Context, handled time.Time, first bool) bool {
+// last read or wrote it (a predecessor's late mark, a write of its own
+// whose answer was lost) is decided by the election: while this process
+// holds it, its mark replaces the record; once it does not, its marks
+// end (its successor's are the record's). Any other error (a server
+// down) is logged, and the next mark tries again.
+func (t *tracker) record(ctx context.Context, handled time.Time) bool {
 	err := t.write(ctx, handled)
 	if err == nil || ctx.Err() != nil {
 		return ctx.Err() == nil
@@ -203,18 +223,18 @@ func (t *tracker) record(ctx context.Context, handled time.Time, first bool) boo
 		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err)
 		return true
 	}
+	if !t.holds(ctx) {
+		if ctx.Err() == nil {
+			t.r.s.logger.Warn("embcache: reconciler progress written by another process, and the election is not this one's: no more marks this term")
+		}
+		return false
+	}
 	octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
 	e, gerr := t.b.Shards()[0].Get(octx, ProgressKey)
 	cancel()
 	if gerr != nil {
 		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err, "read", gerr)
 		return true
-	}
-	var p progress
-	json.Unmarshal(e.Value(), &p) // an unreadable record is nobody's: replaced by a first write only
-	if !first && p.Owner != t.r.id {
-		t.r.s.logger.Warn("embcache: reconciler progress written by another process; this term records no more", "owner", p.Owner)
-		return false
 	}
 	t.rev = e.Revision()
 	if err := t.write(ctx, handled); err != nil && ctx.Err() == nil {

@@ -3,11 +3,36 @@ package reconciler_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/reconciler"
 )
+
+// heldUpFailover holds r1's loop in value 0's payload delete, lets value 1
+// expire behind it, waits until r1's lease renewals alone would say value
+// 1's marker was handled, stops r1, calls between, and starts r2.
+func heldUpFailover(t *testing.T, between func(e *world)) (e *world, r2 *reconciler.Reconciler, blocked, behind payload.Location) {
+	e = newWorld(t)
+	blocked = e.commit(0, time.Second)
+	d := &blockingDeleter{store: e.store, object: blocked.Object}
+	r1, stop1 := e.reconciler(d, reconciler.WithOpTimeout(time.Minute))
+	waitFor(t, "r1 active", func() bool { return r1.Stats().Active })
+	waitFor(t, "r1's loop held up in a payload delete", d.entered.Load)
+	behind = e.commit(1, time.Second)
+	waitFor(t, "value 1 expired", func() bool { return !e.record(1).Live })
+	expired := time.Now()
+	waitFor(t, "r1's lease renewed long after the expiry", func() bool { return e.renewedAfter(expired) })
+	stop1()
+	if between != nil {
+		between(e)
+	}
+	r2, _ = e.reconciler(e.store)
+	waitFor(t, "r2 active", func() bool { return r2.Stats().Active })
+	return e, r2, blocked, behind
+}
 
 // A reconciler whose loop is held up (a slow payload delete) goes on
 // renewing its lease while the bucket's markers wait in its queue. Its
@@ -15,23 +40,31 @@ import (
 // the process was alive: the markers left are handled. (It started at the
 // last renewal less a lease TTL, and the expiry behind the held-up one
 // was never announced nor its payload deleted; a helper's hunt found it.)
+// The held-up value itself, whose delete the step-down cut short, is not
+// announced by r1 (announced, it was done for r2, and its payload stayed:
+// a second hunt found it), so r2 deletes and announces it.
 func TestTheMarkersAHeldUpLoopLeftAreHandled(t *testing.T) {
-	e := newWorld(t)
+	e, _, blocked, behind := heldUpFailover(t, nil)
 	ctx := context.Background()
-	blocked := e.commit(0, time.Second)
-	d := &blockingDeleter{store: e.store, object: blocked.Object}
-	r1, stop1 := e.reconciler(d, reconciler.WithOpTimeout(time.Minute))
-	waitFor(t, "r1 active", func() bool { return r1.Stats().Active })
-	waitFor(t, "r1's loop held up in a payload delete", d.entered.Load)
-	loc := e.commit(1, time.Second)
-	waitFor(t, "value 1 expired", func() bool { return !e.record(1).Live })
-	expired := time.Now()
-	waitFor(t, "r1's lease renewed long after the expiry", func() bool { return e.renewedAfter(expired) })
-	stop1()
-	r2, _ := e.reconciler(e.store)
-	waitFor(t, "r2 active", func() bool { return r2.Stats().Active })
+	for i, loc := range []payload.Location{blocked, behind} {
+		waitFor(t, fmt.Sprintf("value %d's eviction announced", i), func() bool { return e.evicted(i) })
+		waitFor(t, fmt.Sprintf("value %d's payload deleted", i), func() bool { _, err := e.store.Get(ctx, loc); return err != nil })
+	}
+}
+
+// A progress record this release does not understand (a newer one's, in
+// a rolling upgrade or downgrade) makes the successor sweep: going back to
+// the election's renewals would skip what a held-up loop left (a second
+// hunt found it).
+func TestAProgressRecordOfAnotherVersionSweeps(t *testing.T) {
+	e, r2, _, _ := heldUpFailover(t, func(e *world) {
+		body, _ := json.Marshal(map[string]any{"v": 2, "owner": "newer/reconciler/1", "handled": time.Now()})
+		if _, err := e.b.Shards()[0].Put(context.Background(), reconciler.ProgressKey, body); err != nil {
+			t.Fatal(err)
+		}
+	})
 	waitFor(t, "value 1's eviction announced", func() bool { return e.evicted(1) })
-	waitFor(t, "value 1's payload deleted", func() bool { _, err := e.store.Get(ctx, loc); return err != nil })
+	waitFor(t, "r2's sweep", func() bool { return r2.Stats().Sweeps == 1 })
 }
 
 // A sweep cut short by a failover is done again by the successor: it
@@ -134,9 +167,11 @@ func TestALoopFarBehindItsMarkersSweeps(t *testing.T) {
 	loc := e.commit(1, time.Second)
 	waitFor(t, "value 1's eviction announced", func() bool { return e.evicted(1) })
 	waitFor(t, "value 1's payload deleted", func() bool { _, err := e.store.Get(ctx, loc); return err != nil })
-	// By the sweep: the loop is still in value 0's delete (its op timeout
-	// is a minute), whose eviction it has not published.
-	if n := r1.Stats().Expired; n != 1 {
+	// By the sweep (counted once published): the loop is still in value
+	// 0's delete (its op timeout is a minute), whose eviction it has not
+	// published.
+	waitFor(t, "value 1's eviction counted", func() bool { return r1.Stats().Expired != 0 })
+	if n := r1.Stats().Expired; n != 1 || !d.entered.Load() {
 		t.Fatalf("%d evictions announced, want value 1's alone", n)
 	}
 }

@@ -138,9 +138,13 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		b, err := r.bucket(ctx)
 		if err == nil {
-			since, rev := r.resumeFrom(ctx, b)
+			var since time.Time
+			var rev uint64
 			var el *lease.Lease
-			el, err = r.campaign(ctx, b)
+			since, rev, err = r.resumeFrom(ctx, b)
+			if err == nil {
+				el, err = r.campaign(ctx, b)
+			}
 			if err == nil {
 				r.stats.elected.Add(1)
 				r.stats.active.Store(true)
@@ -277,7 +281,8 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	// them). The loop ends when ctx does, and so do they.
 	var beside sync.WaitGroup
 	defer beside.Wait()
-	marks := newTracker(r, b, start, sweep, progressRev, func(ctx context.Context) bool { return r.sweep(ctx, x) })
+	marks := newTracker(r, b, func(ctx context.Context) bool { return r.holds(ctx, b, el) }, start, sweep, progressRev,
+		func(ctx context.Context) bool { return r.sweep(ctx, x) })
 	beside.Go(func() { marks.run(ctx) })
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
@@ -297,7 +302,9 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 			switch {
 			case !strings.Contains(key, "."): // the election's, or another key of no value
 			case h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "":
-				x.expire(ctx, key, lease.PurgeCause(m.Data()), nil)
+				if !r.expireOrRetry(ctx, x, key, lease.PurgeCause(m.Data())) && ctx.Err() == nil {
+					marks.owe() // a sweep finds the value: its record is gone
+				}
 			default:
 				if _, err := lease.DecodeRecord(m.Data()); err != nil {
 					r.tel.RecordBad(err, telemetry.OpWatch)
@@ -310,6 +317,19 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 			}
 		}
 	}
+}
+
+// holds reports whether this reconciler holds the election: its lease is
+// not lost, and the election key's record is its own (a process stalled
+// past its lease's end has not noticed yet; the key says).
+func (r *Reconciler) holds(ctx context.Context, b *lease.Bucket, el *lease.Lease) bool {
+	if el.Err() != nil {
+		return false
+	}
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	cur, err := b.Read(octx, ElectionKey)
+	return err == nil && cur.Live && cur.Record.Owner == r.id
 }
 
 // spreadEvery is how often the active reconciler looks whether the lease
@@ -368,6 +388,34 @@ func watchBucket(ctx context.Context, js jetstream.JetStream, b *lease.Bucket, s
 		running = append(running, cc)
 	}
 	return ch, stop, nil
+}
+
+// expireRetries is how often the loop tries a marker's eviction that
+// gave up (a read failed: a leader election) before it leaves the value
+// to a sweep, expireBackoff the first wait between two (doubling).
+const (
+	expireRetries = 3
+	expireBackoff = 100 * time.Millisecond
+)
+
+// expireOrRetry handles a marker's eviction, trying again a few times
+// (the loop waits meanwhile: the markers behind it are in order) while
+// it gives up; false if it never finished.
+func (r *Reconciler) expireOrRetry(ctx context.Context, x *expirer, key string, cause events.Cause) bool {
+	for attempt := range expireRetries {
+		if x.expire(ctx, key, cause, nil) {
+			return true
+		}
+		if attempt == expireRetries-1 {
+			break
+		}
+		select {
+		case <-time.After(expireBackoff << attempt):
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return false
 }
 
 // shardMsg is a message of one of the bucket's shards' streams.
@@ -451,13 +499,15 @@ type expirer struct {
 // stands in for a value the stream has no event of (a record the
 // reconciler purged itself). A payload found corrupt is left to the reader
 // that found it (its store removes a corrupt file; a recompute may
-// already have put the value back).
-func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, known *events.Entry) {
+// already have put the value back). It reports whether it finished:
+// false if it gave up (a read or the publish failed, or the step-down cut
+// its delete short), for the caller to try again or to sweep.
+func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, known *events.Entry) (finished bool) {
 	r := x.r
 	tenant, hexKey, ok := strings.Cut(kvKey, ".")
 	key, err := cachekey.Parse(hexKey)
 	if !ok || err != nil {
-		return
+		return true // no value's key
 	}
 	mu := &x.keys[key[0]%byte(len(x.keys))]
 	mu.Lock()
@@ -467,13 +517,13 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	cancel()
 	if err != nil {
 		r.s.logger.Warn("embcache: eviction not announced: the value's events are unreadable", "key", kvKey, "err", err)
-		return
+		return false
 	}
 	if !found && known != nil {
 		entry, live = *known, true
 	}
 	if !live {
-		return
+		return true
 	}
 	// The message that sent us here may be older than the value's last
 	// events: a purge's marker read after the key was committed again.
@@ -483,10 +533,10 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	cancel()
 	if err != nil {
 		r.s.logger.Warn("embcache: eviction not announced: the record is unreadable", "key", kvKey, "err", err)
-		return
+		return false
 	}
 	if cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Checksum == entry.Location.Checksum.String() {
-		return
+		return true
 	}
 	loc := entry.Location
 	if !loc.Names(payload.ObjectID{Tenant: tenant, Key: key}) {
@@ -495,7 +545,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 		// payload deleted (events are checked as they decode).
 		r.did(actionForeignLocation)
 		r.s.logger.Warn("embcache: eviction not announced: the location names another key's payload", "key", kvKey, "location", loc.Object)
-		return
+		return true
 	}
 	// A payload found corrupt is its reader's to remove. A key being
 	// computed again may put the same bytes under the same name (keys are
@@ -506,17 +556,22 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	deletes := cause != events.CauseCorrupt && !(cur.Live && cur.Record.State == lease.StateComputing)
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
-	if deletes {
-		r.deletePayload(ctx, loc)
+	if deletes && !r.deletePayload(ctx, loc) && ctx.Err() != nil {
+		// Cut short by the step-down: announced, the eviction would be
+		// done for its successor, which handles the marker again, and the
+		// payload would stay.
+		return false
 	}
 	// Published even if this reconciler is stepping down meanwhile: its
-	// payload may be deleted already. (A successor that handles the same
+	// payload is deleted already. (A successor that handles the same
 	// marker again finds the eviction announced and stops.)
 	octx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.s.opTimeout)
 	defer cancel()
 	if err := x.pub.PublishSync(octx, ev); err != nil {
 		r.s.logger.Warn("embcache: evicted event not published", "key", kvKey, "err", err)
-	} else if cause == events.CauseExpired {
+		return false
+	}
+	if cause == events.CauseExpired {
 		r.did(actionExpire) // counted once announced
 	}
 	// The writer's node deletes its payload and its processes drop their
@@ -527,21 +582,24 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 			r.s.logger.Warn("embcache: eviction notice not sent", "key", kvKey, "node", loc.Node, "err", err)
 		}
 	}
+	return true
 }
 
 // deletePayload removes a payload this reconciler can reach: its own
-// node's, or a shared store's (Mooncake). Other nodes remove theirs when
-// the notice reaches them.
-func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) {
+// node's, or a shared store's (Mooncake); false if that delete failed.
+// Other nodes remove theirs when the notice reaches them.
+func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) (ok bool) {
 	t := r.s.deleters[loc.Transport]
 	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
-		return
+		return true // not this reconciler's to delete
 	}
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	if err := t.Delete(octx, loc); err == nil {
-		r.did(actionDeletePayload)
+	if err := t.Delete(octx, loc); err != nil {
+		return false
 	}
+	r.did(actionDeletePayload)
+	return true
 }
 
 // sweepReaders is how many records a sweep reads at once.
@@ -555,14 +613,15 @@ const sweepReaders = 16
 func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 	keys := make(chan string, sweepReaders)
 	var wg sync.WaitGroup
+	var unfinished atomic.Int64 // values whose record or eviction it could not settle
 	for range sweepReaders {
 		wg.Go(func() {
 			for key := range keys {
 				octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 				cur, err := r.read(octx, x.b, key)
 				cancel()
-				if err == nil && !cur.Live {
-					x.expire(ctx, key, events.CauseExpired, nil)
+				if err != nil || !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil) {
+					unfinished.Add(1)
 				}
 			}
 		})
@@ -580,11 +639,14 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 		r.s.logger.Warn("embcache: sweep skipped events that do not decode", "skipped", skipped)
 	}
 	switch {
-	case err == nil && ctx.Err() == nil:
+	case ctx.Err() != nil:
+	case err != nil:
+		r.s.logger.Warn("embcache: sweep ended early", "err", err)
+	case unfinished.Load() > 0:
+		r.s.logger.Warn("embcache: sweep left values unsettled (a read failed), to the next one", "values", unfinished.Load())
+	default:
 		r.did(actionSweep) // counted when done
 		return true
-	case ctx.Err() == nil:
-		r.s.logger.Warn("embcache: sweep ended early", "err", err)
 	}
 	return false
 }

@@ -1,0 +1,73 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/internal/natstest"
+	"github.com/embcache/embcache/lease"
+)
+
+// A write of the progress record refused because another process wrote
+// it is decided by the election, not by whether it is the term's first:
+// the holder's mark replaces a predecessor's late one (its first write
+// had failed, or the predecessor's last landed after it), and a process
+// that no longer holds the election stops, even on its first write (a
+// predecessor stalled past its lease's end). Deciding by first and later
+// writes, the holder stopped for its whole term in both cases (a second
+// hunt found them).
+func TestTheElectionDecidesARefusedMark(t *testing.T) {
+	ctx := context.Background()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.ClientURL())
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracker := func(id string, holds bool, rev uint64) *tracker {
+		r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.id = id
+		return newTracker(r, b, func(context.Context) bool { return holds }, time.Now().Add(-10*time.Second), false, rev,
+			func(context.Context) bool { return true })
+	}
+	owner := func() string {
+		t.Helper()
+		e, err := b.Shards()[0].Get(ctx, ProgressKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p progress
+		if err := json.Unmarshal(e.Value(), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p.Owner
+	}
+	pred := tracker("pred", false, 0)
+	if !pred.record(ctx, pred.start) || owner() != "pred" {
+		t.Fatal("the predecessor's mark")
+	}
+	// The holder read no record (the predecessor's landed after its read):
+	// its first write is refused, and replaces the record.
+	holder := tracker("holder", true, 0)
+	if !holder.record(ctx, holder.start) || owner() != "holder" {
+		t.Fatalf("the holder's first mark: the record is %q's", owner())
+	}
+	// The predecessor's last write is refused: it stops.
+	if pred.record(ctx, time.Now()) || owner() != "holder" {
+		t.Fatalf("a predecessor's late mark: the record is %q's", owner())
+	}
+	// A stalled one's late first write is refused: it stops too.
+	stalled := tracker("stalled", false, 0)
+	if stalled.record(ctx, stalled.start) || owner() != "holder" {
+		t.Fatalf("a stalled first mark: the record is %q's", owner())
+	}
+	// The holder goes on.
+	if !holder.record(ctx, time.Now()) || owner() != "holder" {
+		t.Fatal("the holder's next mark")
+	}
+}
