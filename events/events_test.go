@@ -308,17 +308,16 @@ func BenchmarkPublish(b *testing.B) {
 	}
 }
 
-// Latest reads one value's last events by subject: live after a publish
-// or a touch, not after an eviction or an abandon that came later; and
-// Scan reads the last event of each subject of the kinds it is asked for.
-func TestLatestAndScan(t *testing.T) {
-	_, _, js := server(t)
+// streamOf is a server's event stream, and emit, which stores an event in
+// it.
+func streamOf(t *testing.T) (js jetstream.JetStream, s jetstream.Stream, emit func(*Event)) {
+	_, _, js = server(t)
 	ctx := context.Background()
 	s, err := js.Stream(ctx, StreamName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	emit := func(e *Event) {
+	return js, s, func(e *Event) {
 		t.Helper()
 		b, err := Encode(e)
 		if err != nil {
@@ -328,6 +327,14 @@ func TestLatestAndScan(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// Latest reads one value's last events by subject: live after a publish
+// or a touch, not after an eviction or an abandon that came later; and
+// Scan reads the last event of each subject of the kinds it is asked for.
+func TestLatestAndScan(t *testing.T) {
+	js, s, emit := streamOf(t)
+	ctx := context.Background()
 	latest := func(i byte) (Entry, bool, bool) {
 		t.Helper()
 		e, live, ok, err := Latest(ctx, s, "acme", key(i))
@@ -383,22 +390,8 @@ func TestLatestAndScan(t *testing.T) {
 // other bytes, are an earlier value's; an abandon made after it, and an
 // eviction of its bytes, end it.
 func TestALateEndOfAnEarlierValueDoesNotEndTheNext(t *testing.T) {
-	_, _, js := server(t)
+	_, s, emit := streamOf(t)
 	ctx := context.Background()
-	s, err := js.Stream(ctx, StreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	emit := func(e *Event) {
-		t.Helper()
-		b, err := Encode(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := js.Publish(ctx, e.Subject(), b); err != nil {
-			t.Fatal(err)
-		}
-	}
 	live := func() bool {
 		t.Helper()
 		_, live, ok, err := Latest(ctx, s, "acme", key(1))
