@@ -188,7 +188,18 @@ func (t *tracker) run(ctx context.Context) {
 				t.owed = false
 				for shard := range t.marks {
 					t.marks[shard] = later(t.marks[shard], e.started)
+					// A position the loop may never reach (its marker
+					// removed before delivery) is covered by the sweep.
+					t.pending[shard] = checkpoint{}
 				}
+			}
+			if !e.done {
+				// Started again at the next tick, not at once: a sweep that
+				// fails fast must not loop.
+				if !t.record(ctx, t.reached()) {
+					return
+				}
+				continue
 			}
 		}
 		mark := t.mark(ctx)
@@ -196,7 +207,9 @@ func (t *tracker) run(ctx context.Context) {
 			t.r.s.logger.Warn("embcache: reconciler behind the bucket's markers by half their TTL, sweeping", "behind", behind)
 			t.owed = true
 		}
-		if t.owes.Swap(false) && !t.owed {
+		// Taken only between sweeps: a running one may have read the
+		// value's record while it was live.
+		if !t.running && t.owes.Swap(false) && !t.owed {
 			t.r.s.logger.Warn("embcache: reconciler gave up an eviction, sweeping")
 			t.owed = true
 		}

@@ -620,7 +620,9 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 				octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 				cur, err := r.read(octx, x.b, key)
 				cancel()
-				if err != nil || !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil) {
+				// A record that does not decode exists: its value is not
+				// gone (counted as bad by read), and not this sweep's.
+				if err != nil && !errors.Is(err, lease.ErrBadRecord) || err == nil && !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil) {
 					unfinished.Add(1)
 				}
 			}

@@ -1,0 +1,53 @@
+package reconciler_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/reconciler"
+)
+
+// countingHandler counts log records whose message contains sub.
+type countingHandler struct {
+	sub string
+	n   *atomic.Int64
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.sub) {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// A helper's hunt: one record this release cannot decode (a newer release's record
+// version in a rolling upgrade, or a forged write) makes every sweep
+// "unfinished": the tracker keeps the sweep owed and starts it again at
+// every mark, forever, and writes sweeping=true so every successor
+// sweeps forever too.
+func TestHuntABadRecordMakesSweepsRepeatForever(t *testing.T) {
+	e := newWorld(t)
+	e.commit(0, time.Hour)
+	body := []byte(`{"v":99,"owner":"newer/1","state":"committed"}`)
+	if _, err := e.b.Shards()[0].Put(context.Background(), lease.ValueKey(tenant, keyOf(0)), body); err != nil {
+		t.Fatal(err)
+	}
+	var unsettled atomic.Int64
+	log := slog.New(countingHandler{sub: "sweep left values unsettled", n: &unsettled})
+	r, _ := e.reconciler(e.store, reconciler.WithLogger(log))
+	waitFor(t, "active", func() bool { return r.Stats().Active })
+	time.Sleep(6 * time.Second)
+	if n := unsettled.Load(); n > 2 {
+		_, sweeping, _ := e.progressOf()
+		t.Fatalf("%d sweeps in 6 s left the undecodable record unsettled and were started again (sweeps finished: %d, record sweeping=%v)",
+			n, r.Stats().Sweeps, sweeping)
+	}
+}
