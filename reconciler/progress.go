@@ -15,14 +15,14 @@ import (
 
 // ProgressKey is the KV key (shard 0, no '.': never a tenant's) where the
 // active reconciler records how far its loop has handled the bucket's
-// markers and whether a sweep it started is unfinished. Its successor
+// markers and whether a sweep is owed (not finished). Its successor
 // starts there: the election's renewals say the process was alive, not
 // that its loop kept up (docs/protocol.md 4.6).
 const ProgressKey = "_reconciler_progress"
 
 // progressVersion is the version of the progress record this release
 // writes and reads; a record of another is not trusted (the successor
-// falls back to the election's last renewal).
+// sweeps).
 const progressVersion = 1
 
 // progress is the record at ProgressKey.
@@ -32,7 +32,7 @@ type progress struct {
 	// Handled: every message stored in every shard before it (the stream
 	// leaders' time) has been handled.
 	Handled time.Time `json:"handled"`
-	// Sweeping: a sweep started and did not finish; the successor sweeps.
+	// Sweeping: a sweep is owed and has not finished; the successor sweeps.
 	Sweeping bool `json:"sweeping,omitempty"`
 }
 
@@ -192,8 +192,7 @@ func (t *tracker) run(ctx context.Context) {
 					// removed before delivery) is covered by the sweep.
 					t.pending[shard] = checkpoint{}
 				}
-			}
-			if !e.done {
+			} else {
 				// Started again at the next tick, not at once: a sweep that
 				// fails fast must not loop.
 				if !t.record(ctx, t.reached()) {
@@ -264,10 +263,10 @@ func (t *tracker) record(ctx context.Context, handled time.Time) bool {
 func (t *tracker) mark(ctx context.Context) time.Time {
 	t.reached()
 	for shard, kv := range t.b.Shards() {
-		handled := t.handled[shard].Load()
 		if t.pending[shard].seq != 0 {
 			continue
 		}
+		handled := t.handled[shard].Load()
 		octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
 		s, err := t.r.js.Stream(octx, "KV_"+kv.Bucket())
 		var info *jetstream.StreamInfo

@@ -402,12 +402,12 @@ const (
 // (the loop waits meanwhile: the markers behind it are in order) while
 // it gives up; false if it never finished.
 func (r *Reconciler) expireOrRetry(ctx context.Context, x *expirer, key string, cause events.Cause) bool {
-	for attempt := range expireRetries {
+	for attempt := 0; ; attempt++ {
 		if x.expire(ctx, key, cause, nil) {
 			return true
 		}
 		if attempt == expireRetries-1 {
-			break
+			return false
 		}
 		select {
 		case <-time.After(expireBackoff << attempt):
@@ -415,7 +415,6 @@ func (r *Reconciler) expireOrRetry(ctx context.Context, x *expirer, key string, 
 			return false
 		}
 	}
-	return false
 }
 
 // shardMsg is a message of one of the bucket's shards' streams.
@@ -620,9 +619,13 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 				octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 				cur, err := r.read(octx, x.b, key)
 				cancel()
-				// A record that does not decode exists: its value is not
-				// gone (counted as bad by read), and not this sweep's.
-				if err != nil && !errors.Is(err, lease.ErrBadRecord) || err == nil && !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil) {
+				switch {
+				case errors.Is(err, lease.ErrBadRecord):
+					// It exists: its value is not gone (counted as bad by
+					// read), and not this sweep's.
+				case err != nil:
+					unfinished.Add(1)
+				case !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil):
 					unfinished.Add(1)
 				}
 			}
