@@ -103,14 +103,17 @@ type tracker struct {
 	// Read and written by run alone.
 	marks   []time.Time  // per shard: every message stored before it was handled (or its value swept)
 	pending []checkpoint // per shard: a stream position the loop had not reached when taken
+	swept   []uint64     // per shard: a finished sweep covered every message up to this sequence
 	rev     uint64       // the progress record's revision, which the next write replaces
 	owed    bool         // a sweep is owed: the term's first, or one for a loop behind, not finished yet
 	running bool         // a sweep runs
 }
 
-// sweepEnd is a sweep's end: when it started, and whether it finished.
+// sweepEnd is a sweep's end: when it started, each shard's last sequence
+// taken before it started (0: not read), and whether it finished.
 type sweepEnd struct {
 	started time.Time
+	from    []uint64
 	done    bool
 }
 
@@ -127,7 +130,7 @@ func newTracker(r *Reconciler, b *lease.Bucket, holds func(context.Context) bool
 	sweepFn func(context.Context) bool) *tracker {
 	n := len(b.Shards())
 	t := &tracker{r: r, b: b, holds: holds, start: start, owed: sweep, rev: rev, sweepFn: sweepFn,
-		handled: make([]atomic.Uint64, n), marks: make([]time.Time, n), pending: make([]checkpoint, n)}
+		handled: make([]atomic.Uint64, n), marks: make([]time.Time, n), pending: make([]checkpoint, n), swept: make([]uint64, n)}
 	for i := range t.marks {
 		t.marks[i] = start
 	}
@@ -154,8 +157,7 @@ func (t *tracker) done(shard int, m jetstream.Msg) {
 // server that is down holds the end up for one write's timeout at most).
 // A sweep owed and not running (the first, one that ended early, one for
 // a loop behind) is started at once and at each mark; one that finishes
-// moves every shard's mark to its start, before which every value whose
-// record was gone has been announced.
+// moves every shard's mark to its start (sweepDone).
 func (t *tracker) run(ctx context.Context) {
 	ended := make(chan sweepEnd, 1) // one sweep at a time
 	var sweeps sync.WaitGroup
@@ -165,8 +167,8 @@ func (t *tracker) run(ctx context.Context) {
 			return
 		}
 		t.running = true
-		started := time.Now()
-		sweeps.Go(func() { ended <- sweepEnd{started, t.sweepFn(ctx)} })
+		started, from := time.Now(), t.positions(ctx)
+		sweeps.Go(func() { ended <- sweepEnd{started, from, t.sweepFn(ctx)} })
 	}
 	sweep()
 	if !t.record(ctx, t.start) {
@@ -185,13 +187,7 @@ func (t *tracker) run(ctx context.Context) {
 		case e := <-ended:
 			t.running = false
 			if e.done {
-				t.owed = false
-				for shard := range t.marks {
-					t.marks[shard] = later(t.marks[shard], e.started)
-					// A position the loop may never reach (its marker
-					// removed before delivery) is covered by the sweep.
-					t.pending[shard] = checkpoint{}
-				}
+				t.sweepDone(e)
 			} else {
 				// Started again at the next tick, not at once: a sweep that
 				// fails fast must not loop.
@@ -218,6 +214,49 @@ func (t *tracker) run(ctx context.Context) {
 		}
 	}
 }
+
+// sweepDone records a finished sweep: before its start, every value
+// whose record was gone has been announced, so every shard's mark moves
+// to it, and every message of a shard up to the position taken before it
+// counts as handled. A position the loop never reaches (the last message
+// of a shard written no more, a marker the server removed before the
+// loop was delivered it) held the mark at the sweep's start, and every
+// half marker TTL a sweep followed.
+func (t *tracker) sweepDone(e sweepEnd) {
+	t.owed = false
+	for shard := range t.marks {
+		t.marks[shard] = later(t.marks[shard], e.started)
+		t.swept[shard] = max(t.swept[shard], e.from[shard])
+	}
+	t.reached()
+}
+
+// positions is each shard's last stream sequence (0 where its stream
+// info cannot be read).
+func (t *tracker) positions(ctx context.Context) []uint64 {
+	seqs := make([]uint64, len(t.marks))
+	for shard := range seqs {
+		if info, err := t.info(ctx, shard); err == nil {
+			seqs[shard] = info.State.LastSeq
+		}
+	}
+	return seqs
+}
+
+// info reads shard's stream info.
+func (t *tracker) info(ctx context.Context, shard int) (*jetstream.StreamInfo, error) {
+	octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
+	defer cancel()
+	s, err := t.r.js.Stream(octx, "KV_"+t.b.Shards()[shard].Bucket())
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(octx)
+}
+
+// handledUpTo is the sequence up to which every message of shard was
+// handled by the loop or covered by a finished sweep.
+func (t *tracker) handledUpTo(shard int) uint64 { return max(t.handled[shard].Load(), t.swept[shard]) }
 
 // record writes the mark handled, and reports whether the term goes on
 // writing. A write refused because the record changed since this term
@@ -262,18 +301,12 @@ func (t *tracker) record(ctx context.Context, handled time.Time) bool {
 // position taken then (so a loop that lags but moves still advances).
 func (t *tracker) mark(ctx context.Context) time.Time {
 	t.reached()
-	for shard, kv := range t.b.Shards() {
+	for shard := range t.marks {
 		if t.pending[shard].seq != 0 {
 			continue
 		}
-		handled := t.handled[shard].Load()
-		octx, cancel := context.WithTimeout(ctx, t.r.s.opTimeout)
-		s, err := t.r.js.Stream(octx, "KV_"+kv.Bucket())
-		var info *jetstream.StreamInfo
-		if err == nil {
-			info, err = s.Info(octx)
-		}
-		cancel()
+		handled := t.handledUpTo(shard)
+		info, err := t.info(ctx, shard)
 		if err != nil {
 			continue
 		}
@@ -290,7 +323,7 @@ func (t *tracker) mark(ctx context.Context) time.Time {
 // position taken, and returns the earliest mark.
 func (t *tracker) reached() time.Time {
 	for shard, p := range t.pending {
-		if p.seq != 0 && t.handled[shard].Load() >= p.seq {
+		if p.seq != 0 && t.handledUpTo(shard) >= p.seq {
 			t.marks[shard] = later(t.marks[shard], p.at)
 			t.pending[shard] = checkpoint{}
 		}

@@ -71,3 +71,37 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 		t.Fatal("the holder's next mark")
 	}
 }
+
+// A shard's last message that the loop is never delivered (the server
+// removed the marker before the loop was delivered it; here the loop is
+// simply told nothing) holds that shard's mark at the last sweep's start.
+// A finished sweep covers every message stored before it started: after
+// it, the mark follows the shard's stream again. (It stayed at the
+// sweep's start until the shard was written again, and every half marker
+// TTL a sweep followed; a third hunt found it.)
+func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
+	ctx := context.Background()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.ClientURL())
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute, Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	tr := newTracker(r, b, func(context.Context) bool { return true }, start, false, 0, func(context.Context) bool { return true })
+	if _, err := b.Shards()[1].Put(ctx, "acme.unseen", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if mark := tr.mark(ctx); !mark.Equal(start) {
+		t.Fatalf("mark %v before the loop reached shard 1's message, want the start %v", mark, start)
+	}
+	sweep := sweepEnd{started: time.Now(), from: tr.positions(ctx), done: true}
+	tr.sweepDone(sweep)
+	if mark := tr.mark(ctx); !mark.After(sweep.started) {
+		t.Fatalf("mark %v after a sweep that covered shard 1's message, want after the sweep's start %v", mark, sweep.started)
+	}
+}
