@@ -30,7 +30,7 @@ func TestHuntAnOweDuringARunningSweepIsDropped(t *testing.T) {
 	}
 	release := make(chan struct{})
 	var calls atomic.Int32
-	tr := newTracker(r, b, func(context.Context) bool { return true }, time.Now(), true, 0,
+	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, time.Now(), true, 0,
 		func(ctx context.Context) bool {
 			if calls.Add(1) == 1 {
 				select { // the term's first sweep: long (10^6 values)

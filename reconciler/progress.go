@@ -94,10 +94,10 @@ func (r *Reconciler) progressEvery() time.Duration { return max(r.s.leaseTTL/2, 
 type tracker struct {
 	r       *Reconciler
 	b       *lease.Bucket
-	holds   func(context.Context) bool // whether this process holds the election, as the bucket says
-	start   time.Time                  // where the loop started: what came before was handled by a predecessor (or swept)
-	handled []atomic.Uint64            // per shard, the stream sequence of the last message the loop handled
-	owes    atomic.Bool                // set by owe: the loop gave up a marker's eviction
+	holds   func(context.Context) (bool, error) // whether this process holds the election, as the bucket says
+	start   time.Time                           // where the loop started: what came before was handled by a predecessor (or swept)
+	handled []atomic.Uint64                     // per shard, the stream sequence of the last message the loop handled
+	owes    atomic.Bool                         // set by owe: the loop gave up a marker's eviction
 	sweepFn func(context.Context) (done bool)
 
 	// Read and written by run alone.
@@ -126,7 +126,7 @@ type checkpoint struct {
 // newTracker starts from start, the progress record at revision rev, and
 // owes a sweep (sweepFn) if sweep; holds says whether this process still
 // holds the election.
-func newTracker(r *Reconciler, b *lease.Bucket, holds func(context.Context) bool, start time.Time, sweep bool, rev uint64,
+func newTracker(r *Reconciler, b *lease.Bucket, holds func(context.Context) (bool, error), start time.Time, sweep bool, rev uint64,
 	sweepFn func(context.Context) bool) *tracker {
 	n := len(b.Shards())
 	t := &tracker{r: r, b: b, holds: holds, start: start, owed: sweep, rev: rev, sweepFn: sweepFn,
@@ -264,7 +264,8 @@ func (t *tracker) handledUpTo(shard int) uint64 { return max(t.handled[shard].Lo
 // whose answer was lost) is decided by the election: while this process
 // holds it, its mark replaces the record; once it does not, its marks
 // end (its successor's are the record's). Any other error (a server
-// down) is logged, and the next mark tries again.
+// down, an election key that cannot be read) is logged, and the next mark
+// tries again.
 func (t *tracker) record(ctx context.Context, handled time.Time) bool {
 	err := t.write(ctx, handled)
 	if err == nil || ctx.Err() != nil {
@@ -274,7 +275,11 @@ func (t *tracker) record(ctx context.Context, handled time.Time) bool {
 		t.r.s.logger.Warn("embcache: reconciler progress not recorded", "err", err)
 		return true
 	}
-	if !t.holds(ctx) {
+	switch holds, herr := t.holds(ctx); {
+	case herr != nil:
+		t.r.s.logger.Warn("embcache: reconciler progress not recorded, the election not read", "err", err, "read", herr)
+		return ctx.Err() == nil
+	case !holds:
 		if ctx.Err() == nil {
 			t.r.s.logger.Warn("embcache: reconciler progress written by another process, and the election is not this one's: no more marks this term")
 		}

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -17,7 +18,9 @@ import (
 // that no longer holds the election stops, even on its first write (a
 // predecessor stalled past its lease's end). Deciding by first and later
 // writes, the holder stopped for its whole term in both cases (a second
-// hunt found them).
+// hunt found them). An election key that cannot be read leaves the
+// question to the next mark (one failed read ended the term's marks; a
+// third hunt found it).
 func TestTheElectionDecidesARefusedMark(t *testing.T) {
 	ctx := context.Background()
 	srv := natstest.Server(t)
@@ -26,13 +29,13 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracker := func(id string, holds bool, rev uint64) *tracker {
+	tracker := func(id string, holds func() (bool, error), rev uint64) *tracker {
 		r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.id = id
-		return newTracker(r, b, func(context.Context) bool { return holds }, time.Now().Add(-10*time.Second), false, rev,
+		return newTracker(r, b, func(context.Context) (bool, error) { return holds() }, time.Now().Add(-10*time.Second), false, rev,
 			func(context.Context) bool { return true })
 	}
 	owner := func() string {
@@ -47,13 +50,15 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 		}
 		return p.Owner
 	}
-	pred := tracker("pred", false, 0)
+	yes := func() (bool, error) { return true, nil }
+	no := func() (bool, error) { return false, nil }
+	pred := tracker("pred", no, 0)
 	if !pred.record(ctx, pred.start) || owner() != "pred" {
 		t.Fatal("the predecessor's mark")
 	}
 	// The holder read no record (the predecessor's landed after its read):
 	// its first write is refused, and replaces the record.
-	holder := tracker("holder", true, 0)
+	holder := tracker("holder", yes, 0)
 	if !holder.record(ctx, holder.start) || owner() != "holder" {
 		t.Fatalf("the holder's first mark: the record is %q's", owner())
 	}
@@ -62,13 +67,27 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 		t.Fatalf("a predecessor's late mark: the record is %q's", owner())
 	}
 	// A stalled one's late first write is refused: it stops too.
-	stalled := tracker("stalled", false, 0)
+	stalled := tracker("stalled", no, 0)
 	if stalled.record(ctx, stalled.start) || owner() != "holder" {
 		t.Fatalf("a stalled first mark: the record is %q's", owner())
 	}
 	// The holder goes on.
 	if !holder.record(ctx, time.Now()) || owner() != "holder" {
 		t.Fatal("the holder's next mark")
+	}
+	// The election key cannot be read once: the mark waits for the next.
+	reads := 0
+	next := tracker("next", func() (bool, error) {
+		if reads++; reads == 1 {
+			return false, errors.New("no leader")
+		}
+		return true, nil
+	}, 0)
+	if !next.record(ctx, next.start) || owner() != "holder" {
+		t.Fatalf("a mark whose election could not be read ended the term or wrote (the record is %q's)", owner())
+	}
+	if !next.record(ctx, time.Now()) || owner() != "next" {
+		t.Fatalf("the mark after the election was read: the record is %q's", owner())
 	}
 }
 
@@ -92,7 +111,7 @@ func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	tr := newTracker(r, b, func(context.Context) bool { return true }, start, false, 0, func(context.Context) bool { return true })
+	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, start, false, 0, func(context.Context) bool { return true })
 	if _, err := b.Shards()[1].Put(ctx, "acme.unseen", []byte("x")); err != nil {
 		t.Fatal(err)
 	}

@@ -281,7 +281,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	// them). The loop ends when ctx does, and so do they.
 	var beside sync.WaitGroup
 	defer beside.Wait()
-	marks := newTracker(r, b, func(ctx context.Context) bool { return r.holds(ctx, b, el) }, start, sweep, progressRev,
+	marks := newTracker(r, b, func(ctx context.Context) (bool, error) { return r.holds(ctx, b, el) }, start, sweep, progressRev,
 		func(ctx context.Context) bool { return r.sweep(ctx, x) })
 	beside.Go(func() { marks.run(ctx) })
 	r.spreadLeaders(ctx, b)
@@ -321,15 +321,19 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 
 // holds reports whether this reconciler holds the election: its lease is
 // not lost, and the election key's record is its own (a process stalled
-// past its lease's end has not noticed yet; the key says).
-func (r *Reconciler) holds(ctx context.Context, b *lease.Bucket, el *lease.Lease) bool {
+// past its lease's end has not noticed yet; the key says). An error is a
+// key that could not be read: the question stays open.
+func (r *Reconciler) holds(ctx context.Context, b *lease.Bucket, el *lease.Lease) (bool, error) {
 	if el.Err() != nil {
-		return false
+		return false, nil
 	}
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	cur, err := b.Read(octx, ElectionKey)
-	return err == nil && cur.Live && cur.Record.Owner == r.id
+	if err != nil {
+		return false, err
+	}
+	return cur.Live && cur.Record.Owner == r.id, nil
 }
 
 // spreadEvery is how often the active reconciler looks whether the lease
