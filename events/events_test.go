@@ -388,15 +388,22 @@ func TestLatestAndScan(t *testing.T) {
 // reconciler would neither announce that value's expiry nor delete its
 // payload. An abandon made before the value's publish, and an eviction of
 // other bytes, are an earlier value's; an abandon made after it, and an
-// eviction of its bytes, end it.
+// eviction of its bytes, end it. A State (stats --live) folding the same
+// events agrees with Latest at every step (it ended the value at any
+// ending).
 func TestALateEndOfAnEarlierValueDoesNotEndTheNext(t *testing.T) {
-	_, s, emit := streamOf(t)
+	_, s, store := streamOf(t)
 	ctx := context.Background()
+	st := NewState()
+	emit := func(e *Event) { t.Helper(); store(e); st.Apply(*e) }
 	live := func() bool {
 		t.Helper()
 		_, live, ok, err := Latest(ctx, s, "acme", key(1))
 		if err != nil || !ok {
 			t.Fatal(ok, err)
+		}
+		if _, held := st.Get(payload.ObjectID{Tenant: "acme", Key: key(1)}); held != live {
+			t.Fatalf("the folded state holds the value: %v; Latest says it is live: %v", held, live)
 		}
 		return live
 	}

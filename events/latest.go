@@ -32,7 +32,7 @@ import (
 // committed), does not end it.
 func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey.Key) (e Entry, live, ok bool, err error) {
 	var newest uint64 // stream sequence
-	var newestAt time.Time
+	var newestEv Event
 	type ending struct {
 		seq uint64
 		ev  Event
@@ -54,8 +54,8 @@ func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey
 		switch kind {
 		case KindPublished, KindTouched:
 			if m.Sequence > newest {
-				newest, newestAt = m.Sequence, got.Time
-				e = Entry{Tenant: tenant, Key: key, Model: got.Model, Epoch: got.Epoch, Location: *got.Location, Expires: got.Expires}
+				newest, newestEv = m.Sequence, got
+				e = entryOf(got)
 			}
 		default:
 			endings = append(endings, ending{m.Sequence, got})
@@ -65,15 +65,30 @@ func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey
 		return Entry{}, false, false, nil
 	}
 	for _, end := range endings {
-		switch {
-		case end.seq < newest:
-		case end.ev.Kind == KindEvicted && end.ev.Location != nil && end.ev.Location.Checksum != e.Location.Checksum:
-		case end.ev.Kind == KindAbandoned && end.ev.Time.Add(eventClockSkew).Before(newestAt):
-		default:
+		if end.seq > newest && ends(end.ev, newestEv) {
 			return e, false, true, nil
 		}
 	}
 	return e, true, true, nil
+}
+
+// ends reports whether the ending end (evicted or abandoned), stored
+// after the value's published or touched event v, ends that value: not an
+// evicted event naming other bytes, nor an abandoned event made more than
+// eventClockSkew before v (both are an earlier value's, stored late).
+func ends(end, v Event) bool {
+	switch {
+	case end.Kind == KindEvicted && end.Location != nil && v.Location != nil && end.Location.Checksum != v.Location.Checksum:
+		return false
+	case end.Kind == KindAbandoned && end.Time.Add(eventClockSkew).Before(v.Time):
+		return false
+	}
+	return true
+}
+
+// entryOf is what a published or touched event says of its value.
+func entryOf(v Event) Entry {
+	return Entry{Tenant: v.Tenant, Key: v.Key, Model: v.Model, Epoch: v.Epoch, Location: *v.Location, Expires: v.Expires}
 }
 
 // eventClockSkew bounds how far the clocks of the processes that stamp

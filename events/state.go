@@ -25,31 +25,42 @@ type Entry struct {
 // events in stream order. Safe for concurrent use.
 type State struct {
 	mu      sync.Mutex
-	entries map[payload.ObjectID]Entry // guarded by mu
+	entries map[payload.ObjectID]held // guarded by mu
+}
+
+// held is a value's entry and the newest published or touched event that
+// said it (which an ending is judged against).
+type held struct {
+	entry Entry
+	by    Event
 }
 
 // NewState returns an empty state.
-func NewState() *State { return &State{entries: make(map[payload.ObjectID]Entry)} }
+func NewState() *State { return &State{entries: make(map[payload.ObjectID]held)} }
 
 // Apply folds one event in. Applying the same events twice in the same
-// order gives the same state.
+// order gives the same state. An evicted or abandoned event ends a value
+// as Latest judges it: not one naming other bytes, nor one made before
+// the value's (an earlier value's ending, stored late).
 func (s *State) Apply(e Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
 	switch e.Kind {
 	case KindPublished, KindTouched:
-		old := s.entries[id]
-		entry := Entry{Tenant: e.Tenant, Key: e.Key, Model: e.Model, Epoch: e.Epoch, Location: *e.Location, Expires: e.Expires}
+		old := s.entries[id].entry
+		entry := entryOf(e)
 		if old.Expires.After(entry.Expires) && old.Location.Checksum == entry.Location.Checksum {
 			entry.Expires = old.Expires // a late touch never shortens a life
 		}
-		s.entries[id] = entry
+		s.entries[id] = held{entry, e}
 	case KindEvicted, KindAbandoned:
-		delete(s.entries, id)
+		if h, ok := s.entries[id]; ok && ends(e, h.by) {
+			delete(s.entries, id)
+		}
 	case KindInvalidated:
-		for id, entry := range s.entries {
-			if id.Tenant == e.Tenant && entry.Model == e.Model && entry.Epoch == e.Epoch {
+		for id, h := range s.entries {
+			if id.Tenant == e.Tenant && h.entry.Model == e.Model && h.entry.Epoch == e.Epoch {
 				delete(s.entries, id)
 			}
 		}
@@ -60,8 +71,8 @@ func (s *State) Apply(e Event) {
 func (s *State) Get(id payload.ObjectID) (Entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.entries[id]
-	return e, ok
+	h, ok := s.entries[id]
+	return h.entry, ok
 }
 
 // Live returns the entries that have not expired at now.
@@ -69,9 +80,9 @@ func (s *State) Live(now time.Time) map[payload.ObjectID]Entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[payload.ObjectID]Entry, len(s.entries))
-	for id, e := range s.entries {
-		if e.Expires.After(now) {
-			out[id] = e
+	for id, h := range s.entries {
+		if h.entry.Expires.After(now) {
+			out[id] = h.entry
 		}
 	}
 	return out
