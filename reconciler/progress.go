@@ -181,6 +181,9 @@ func (t *tracker) run(ctx context.Context) {
 		case <-ctx.Done():
 			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.r.s.opTimeout)
 			defer cancel()
+			// An eviction given up since the last mark is owed: the
+			// successor, starting past it, sweeps.
+			t.owed = t.owed || t.owes.Load()
 			t.record(last, t.reached())
 			return
 		case <-tick.C:

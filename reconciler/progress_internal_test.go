@@ -124,3 +124,53 @@ func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 		t.Fatalf("mark %v after a sweep that covered shard 1's message, want after the sweep's start %v", mark, sweep.started)
 	}
 }
+
+// An eviction the loop gave up after the last mark, just before the
+// term ends, is owed in the term's last mark: the successor, which starts
+// past it, sweeps. (The last mark read only the sweeps owed at the ticks,
+// and the successor started past the value's marker without a sweep: a
+// fourth hunt found it.)
+func TestTheLastMarkOwesAGivenUpEviction(t *testing.T) {
+	ctx := context.Background()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.ClientURL())
+	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ticks a minute apart: none comes between the give-up and the end.
+	r, err := New(nc, WithLeaseTTL(2*time.Minute), WithNode("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, time.Now(), false, 0,
+		func(context.Context) bool { return true })
+	term, end := context.WithCancel(ctx)
+	ended := make(chan struct{})
+	go func() { tr.run(term); close(ended) }()
+	sweeping := func() (bool, bool) {
+		e, err := b.Shards()[0].Get(ctx, ProgressKey)
+		if err != nil {
+			return false, false
+		}
+		var p progress
+		if err := json.Unmarshal(e.Value(), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p.Sweeping, true
+	}
+	deadline := time.After(20 * time.Second)
+	for _, ok := sweeping(); !ok; _, ok = sweeping() {
+		select {
+		case <-deadline:
+			t.Fatal("the term's first mark was not written")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	tr.owe()
+	end()
+	<-ended
+	if s, _ := sweeping(); !s {
+		t.Fatal("the term's last mark does not owe the eviction given up after the last tick")
+	}
+}
