@@ -162,6 +162,19 @@ func (t *tracker) run(ctx context.Context) {
 	ended := make(chan sweepEnd, 1) // one sweep at a time
 	var sweeps sync.WaitGroup
 	defer sweeps.Wait()
+	// The term's last mark, once ctx has ended (also in the middle of a
+	// write), not once the election is another's (its marks are the
+	// record's). An eviction given up since the last tick is owed: the
+	// successor, starting past it, sweeps.
+	defer func() {
+		if ctx.Err() == nil {
+			return
+		}
+		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.r.s.opTimeout)
+		defer cancel()
+		t.owed = t.owed || t.owes.Load()
+		t.record(last, t.reached())
+	}()
 	sweep := func() {
 		if !t.owed || t.running {
 			return
@@ -179,12 +192,6 @@ func (t *tracker) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.r.s.opTimeout)
-			defer cancel()
-			// An eviction given up since the last mark is owed: the
-			// successor, starting past it, sweeps.
-			t.owed = t.owed || t.owes.Load()
-			t.record(last, t.reached())
 			return
 		case <-tick.C:
 		case e := <-ended:
