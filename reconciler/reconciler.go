@@ -629,7 +629,12 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 					// read), and not this sweep's.
 				case err != nil:
 					unfinished.Add(1)
-				case !cur.Live && !x.expire(ctx, key, events.CauseExpired, nil):
+				case cur.Live && cur.Record.State == lease.StateCommitted:
+					// Its value lives (expire tells a committed record of
+					// other bytes from the value the events name).
+				case !x.expire(ctx, key, events.CauseExpired, nil):
+					// A record gone, or a compute of the key again (live,
+					// computing): the value the events name is gone.
 					unfinished.Add(1)
 				}
 			}

@@ -51,3 +51,28 @@ func TestHuntABadRecordMakesSweepsRepeatForever(t *testing.T) {
 			n, r.Stats().Sweeps, sweeping)
 	}
 }
+
+// A value whose record expired with no reconciler running (its marker
+// before the term's start: only a sweep finds it), and whose key is being
+// computed again when the sweep reads it (a live computing record), is
+// announced by the sweep, its payload left to the new compute. (The sweep
+// took any live record for the value's: a fourth hunt found it.)
+func TestASweepAnnouncesAValueWhoseKeyIsComputedAgain(t *testing.T) {
+	e := newWorld(t)
+	ctx := context.Background()
+	loc := e.commit(0, time.Second)
+	waitFor(t, "value 0's record expired", func() bool { return !e.record(0).Live })
+	now := time.Now()
+	computing := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: "w2/1/x", Nonce: "y", Started: now, Heartbeat: now}
+	if _, err := e.b.Create(ctx, lease.ValueKey(tenant, keyOf(0)), computing, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := e.reconciler(e.store)
+	waitFor(t, "the term's sweep done", func() bool { return r.Stats().Sweeps == 1 })
+	if !e.evicted(0) {
+		t.Fatal("the expired value's eviction was not announced")
+	}
+	if _, err := e.store.Get(ctx, loc); err != nil {
+		t.Fatalf("the payload, which the new compute may put again under its name, was deleted: %v", err)
+	}
+}
