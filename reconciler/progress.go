@@ -85,6 +85,13 @@ func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since tim
 // mark: one read of each shard's stream info and one write.
 func (r *Reconciler) progressEvery() time.Duration { return max(r.s.leaseTTL/2, time.Second) }
 
+// tooFarBehind reports whether a loop behind the bucket's messages by
+// behind may miss some markers: the server removes a marker a marker TTL
+// after placing it, handled or not, and a consumer that starts (or lags)
+// that close to the end of a marker's life may be handed it after that.
+// Such a loop's values are swept, at a term's start or during it.
+func (r *Reconciler) tooFarBehind(behind time.Duration) bool { return behind > r.s.markerTTL/2 }
+
 // tracker follows how far the active reconciler's loop has handled each
 // shard's messages, writes the mark that follows from it, and runs the
 // term's sweeps: the first, if the term starts with one, and one whenever
@@ -208,7 +215,7 @@ func (t *tracker) run(ctx context.Context) {
 			}
 		}
 		mark := t.mark(ctx)
-		if behind := time.Since(mark); behind > t.r.s.markerTTL/2 && !t.owed {
+		if behind := time.Since(mark); t.r.tooFarBehind(behind) && !t.owed {
 			t.r.s.logger.Warn("embcache: reconciler behind the bucket's markers by half their TTL, sweeping", "behind", behind)
 			t.owed = true
 		}

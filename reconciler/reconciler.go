@@ -265,7 +265,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		return err
 	}
 	defer sub.Stop()
-	sweep := since.IsZero() || time.Since(since) >= r.s.markerTTL
+	sweep := since.IsZero() || r.tooFarBehind(time.Since(since))
 	start := since
 	if sweep {
 		start = time.Now()

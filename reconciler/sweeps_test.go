@@ -2,6 +2,7 @@ package reconciler_test
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -75,4 +76,21 @@ func TestASweepAnnouncesAValueWhoseKeyIsComputedAgain(t *testing.T) {
 	if _, err := e.store.Get(ctx, loc); err != nil {
 		t.Fatalf("the payload, which the new compute may put again under its name, was deleted: %v", err)
 	}
+}
+
+// A successor that starts from a progress mark more than half a marker
+// TTL old sweeps: markers placed just after the mark may be removed by
+// the server before its consumer is handed them. (It swept only past a
+// whole marker TTL: a fourth hunt found it.)
+func TestASuccessorFromAnOldMarkSweeps(t *testing.T) {
+	e := newWorld(t)
+	old, err := json.Marshal(map[string]any{"v": 1, "owner": "gone", "handled": time.Now().Add(-40 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.b.Shards()[0].Create(context.Background(), reconciler.ProgressKey, old); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := e.reconciler(e.store) // the marker TTL of a minute
+	waitFor(t, "the successor's sweep", func() bool { return r.Stats().Sweeps == 1 })
 }
