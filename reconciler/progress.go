@@ -116,11 +116,11 @@ type tracker struct {
 	running bool         // a sweep runs
 }
 
-// sweepEnd is a sweep's end: when it started, each shard's last sequence
-// taken before it started (0: not read), and whether it finished.
+// sweepEnd is a sweep's end: when it started, each shard's position
+// taken before it started (zero: not read), and whether it finished.
 type sweepEnd struct {
 	started time.Time
-	from    []uint64
+	from    []checkpoint
 	done    bool
 }
 
@@ -232,32 +232,38 @@ func (t *tracker) run(ctx context.Context) {
 	}
 }
 
-// sweepDone records a finished sweep: before its start, every value
-// whose record was gone has been announced, so every shard's mark moves
-// to it, and every message of a shard up to the position taken before it
-// counts as handled. A position the loop never reaches (the last message
-// of a shard written no more, a marker the server removed before the
-// loop was delivered it) held the mark at the sweep's start, and every
-// half marker TTL a sweep followed.
+// sweepDone records a finished sweep: every value whose record was gone
+// before a shard's position was taken (before the sweep read any record)
+// has been announced, so the shard's mark moves to that position's time
+// (the stream leader's, as every mark; the sweep's start by this
+// process's clock where the position was not read), and every message up
+// to it counts as handled. A position the loop never reaches (the last
+// message of a shard written no more, a marker the server removed before
+// the loop was delivered it) held the mark at the sweep's start, and
+// every half marker TTL a sweep followed.
 func (t *tracker) sweepDone(e sweepEnd) {
 	t.owed = false
-	for shard := range t.marks {
-		t.marks[shard] = later(t.marks[shard], e.started)
-		t.swept[shard] = max(t.swept[shard], e.from[shard])
+	for shard, p := range e.from {
+		if p.at.IsZero() {
+			t.marks[shard] = later(t.marks[shard], e.started)
+			continue
+		}
+		t.marks[shard] = later(t.marks[shard], p.at)
+		t.swept[shard] = max(t.swept[shard], p.seq)
 	}
 	t.reached()
 }
 
-// positions is each shard's last stream sequence (0 where its stream
-// info cannot be read).
-func (t *tracker) positions(ctx context.Context) []uint64 {
-	seqs := make([]uint64, len(t.marks))
-	for shard := range seqs {
+// positions is each shard's last stream sequence and the stream leader's
+// time (zero where its stream info cannot be read).
+func (t *tracker) positions(ctx context.Context) []checkpoint {
+	at := make([]checkpoint, len(t.marks))
+	for shard := range at {
 		if info, err := t.info(ctx, shard); err == nil {
-			seqs[shard] = info.State.LastSeq
+			at[shard] = checkpoint{seq: info.State.LastSeq, at: info.TimeStamp}
 		}
 	}
-	return seqs
+	return at
 }
 
 // info reads shard's stream info.
