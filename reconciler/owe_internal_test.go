@@ -5,9 +5,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/embcache/embcache/internal/natstest"
-	"github.com/embcache/embcache/lease"
 )
 
 // A helper's hunt: an eviction the loop gives up while a sweep is running (owe) is
@@ -18,16 +15,8 @@ import (
 func TestHuntAnOweDuringARunningSweepIsDropped(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.ClientURL())
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, newReconciler := trackerWorld(t, 1)
+	r := newReconciler()
 	release := make(chan struct{})
 	var calls atomic.Int32
 	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, time.Now(), true, 0,

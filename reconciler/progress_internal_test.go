@@ -11,6 +11,27 @@ import (
 	"github.com/embcache/embcache/lease"
 )
 
+// trackerWorld starts a server with a lease bucket of shards shards; new
+// makes reconcilers on it (a lease TTL of 1 s, then opts), whose trackers
+// the test drives: none is run.
+func trackerWorld(t *testing.T, shards int, opts ...Option) (b *lease.Bucket, newReconciler func() *Reconciler) {
+	t.Helper()
+	srv := natstest.Server(t)
+	nc := natstest.Connect(t, srv.ClientURL())
+	b, err := lease.OpenBucket(context.Background(), nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute, Shards: shards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, func() *Reconciler {
+		t.Helper()
+		r, err := New(nc, append([]Option{WithLeaseTTL(time.Second), WithNode("n1")}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+}
+
 // A write of the progress record refused because another process wrote
 // it is decided by the election, not by whether it is the term's first:
 // the holder's mark replaces a predecessor's late one (its first write
@@ -23,17 +44,9 @@ import (
 // third hunt found it).
 func TestTheElectionDecidesARefusedMark(t *testing.T) {
 	ctx := context.Background()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.ClientURL())
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, newReconciler := trackerWorld(t, 1)
 	tracker := func(id string, holds func() (bool, error), rev uint64) *tracker {
-		r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := newReconciler()
 		r.id = id
 		return newTracker(r, b, func(context.Context) (bool, error) { return holds() }, time.Now().Add(-10*time.Second), false, rev,
 			func(context.Context) bool { return true })
@@ -100,16 +113,8 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 // TTL a sweep followed; a third hunt found it.)
 func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 	ctx := context.Background()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.ClientURL())
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute, Shards: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(nc, WithLeaseTTL(time.Second), WithNode("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, newReconciler := trackerWorld(t, 2)
+	r := newReconciler()
 	start := time.Now()
 	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, start, false, 0, func(context.Context) bool { return true })
 	if _, err := b.Shards()[1].Put(ctx, "acme.unseen", []byte("x")); err != nil {
@@ -132,17 +137,9 @@ func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 // fourth hunt found it.)
 func TestTheLastMarkOwesAGivenUpEviction(t *testing.T) {
 	ctx := context.Background()
-	srv := natstest.Server(t)
-	nc := natstest.Connect(t, srv.ClientURL())
-	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Ticks a minute apart: none comes between the give-up and the end.
-	r, err := New(nc, WithLeaseTTL(2*time.Minute), WithNode("n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, newReconciler := trackerWorld(t, 1, WithLeaseTTL(2*time.Minute))
+	r := newReconciler()
 	tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, time.Now(), false, 0,
 		func(context.Context) bool { return true })
 	term, end := context.WithCancel(ctx)
