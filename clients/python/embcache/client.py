@@ -179,11 +179,13 @@ class _Episode:
             return
         now = time.monotonic()
         with self.lock:
-            self.failing = False
+            # The episode ends with its line: one held back by the quiet
+            # rule comes with a later success (ending it here silently
+            # left an outage shorter than _QUIET without its end).
+            report = self.failing and now - self.logged >= _QUIET
             n = self.unreported
-            report = now - self.logged >= _QUIET
             if report:
-                self.unreported, self.logged = 0, now
+                self.failing, self.unreported, self.logged = False, 0, now
         if report:
             log.warning("embcache: the cache serves again; %d calls were served without it", n)
 

@@ -211,6 +211,19 @@ class EpisodeTest(unittest.TestCase):
             ep.ok()
         self.assertIn("21 calls were served without it", logs.records[-1].getMessage())
 
+    def test_a_short_outage_logs_its_end(self):
+        # The first success comes within the quiet time of the failure's
+        # line: the end is logged with the first success after it, not
+        # dropped (a new user's walkthrough found it).
+        ep = embcache.client._Episode()
+        with self.assertLogs("embcache", "WARNING") as logs:
+            ep.failed("get", RuntimeError("store unavailable"))
+            ep.ok()
+        self.assertEqual(len(logs.records), 1, [r.getMessage() for r in logs.records])
+        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
+            ep.ok()
+        self.assertIn("the cache serves again; 1 calls were served without it", logs.records[-1].getMessage())
+
 
 class _nothing:
     def __enter__(self):
