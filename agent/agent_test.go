@@ -30,6 +30,7 @@ type node struct {
 	socket string
 	srv    *agent.Server
 	cache  *coordinator.Cache
+	slots  string // the slot directory
 }
 
 func startServer(t testing.TB) *embedded.Server {
@@ -85,7 +86,7 @@ func startNode(t testing.TB, url, name string, edits ...func(*embnode.Options)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{socket: filepath.Join(dir, "agent.sock"), srv: srv, cache: cache}
+	n := &node{socket: filepath.Join(dir, "agent.sock"), srv: srv, cache: cache, slots: store.Dir() + ".slots"}
 	ul, err := net.Listen("unix", n.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -224,6 +225,21 @@ func TestKeyRejectsMissingField(t *testing.T) {
 // TestReserveSlotCommitHit: the first lookup reserves; the tensor written
 // into a slot is committed; every later lookup, on this agent and another,
 // maps the same bytes.
+// The slot directory is set-group-ID (and 0770): a slot a client makes
+// belongs to the directory's group, by which the agent reads it. (Chmod
+// with 0o2770 left the bit off: Go's FileMode has its own bit for it; a
+// new user's walkthrough found it.)
+func TestSlotDirectoryIsSetGroupID(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	fi, err := os.Stat(n.slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSetgid == 0 || fi.Mode().Perm() != 0o770 {
+		t.Fatalf("slot directory %s: mode %v, want set-group-ID and 0770", n.slots, fi.Mode())
+	}
+}
+
 func TestReserveSlotCommitHit(t *testing.T) {
 	url := startServer(t).ClientURL()
 	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2")

@@ -126,7 +126,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	}
 	// Set-group-ID: a slot a client makes (0640) belongs to the directory's
 	// group, whose members cannot write it, and which the agent reads it by.
-	if err := os.Chmod(s.slotDir, 0o2770); err != nil {
+	if err := os.Chmod(s.slotDir, 0o770|os.ModeSetgid); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
 	// Slots of an agent that was killed: no connection of this one owns them.
