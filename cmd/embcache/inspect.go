@@ -15,6 +15,7 @@ import (
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/inspect"
 	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -112,17 +113,22 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 
 func newLeasesGet(cf *connFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "get <tenant>.<keyhex> | <tenant>.inv.<keyhex>",
-		Short: "Print a lease record or an invalidation's tombstone (JSON)",
+		Use:   "get <tenant>.<keyhex> | <tenant>.inv.<keyhex> | " + reconciler.ElectionKey + " | " + reconciler.ProgressKey,
+		Short: "Print a lease record, an invalidation's tombstone or a reconciler key (JSON)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			t, k, ok := strings.Cut(args[0], ".")
-			if !ok || cachekey.ValidateTenant(t) != nil {
-				return usagef("key %q is not <tenant>.<keyhex>", args[0])
-			}
-			k = strings.TrimPrefix(k, "inv.") // a tombstone (docs/protocol.md 4.4)
-			if _, err := cachekey.Parse(k); err != nil {
-				return usageError{err}
+			// The reconcilers' keys, which leases ls lists too: the
+			// election's lease record, and the progress mark (not a record).
+			system := args[0] == reconciler.ElectionKey || args[0] == reconciler.ProgressKey
+			if !system {
+				t, k, ok := strings.Cut(args[0], ".")
+				if !ok || cachekey.ValidateTenant(t) != nil {
+					return usagef("key %q is not <tenant>.<keyhex>, %s or %s", args[0], reconciler.ElectionKey, reconciler.ProgressKey)
+				}
+				k = strings.TrimPrefix(k, "inv.") // a tombstone (docs/protocol.md 4.4)
+				if _, err := cachekey.Parse(k); err != nil {
+					return usageError{err}
+				}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
@@ -146,6 +152,9 @@ func newLeasesGet(cf *connFlags) *cobra.Command {
 				for shard, r := range revs {
 					fmt.Fprintf(cmd.ErrOrStderr(), "shard %d (%s): revision %d\n", shard, lease.ShardName(kv.Name(), shard), r)
 				}
+			}
+			if args[0] == reconciler.ProgressKey {
+				return nil
 			}
 			if _, err := lease.DecodeRecord(value); err != nil {
 				// Printed as it is (what an operator needs to see), and an

@@ -23,6 +23,7 @@ import (
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -306,6 +307,25 @@ func TestServeAndInspect(t *testing.T) {
 		t.Fatalf("leases get of junk: exit %d %q %q", code, out, stderr)
 	}
 	kv.Purge(ctx, junk.KVKey())
+	// The reconcilers' keys, which leases ls lists: the election's record
+	// and the progress mark (a new user's walkthrough found them refused).
+	waitForKey := func(key string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for _, err := kv.Get(ctx, key); err != nil; _, err = kv.Get(ctx, key) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never written: %v", key, err)
+			}
+			time.Sleep(50 * time.Millisecond) // polling another process's write
+		}
+	}
+	for key, want := range map[string]string{reconciler.ElectionKey: `"state":"computing"`, reconciler.ProgressKey: `"handled"`} {
+		waitForKey(key)
+		out, stderr, code = run(t, "leases", "get", key, "--nats", url)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("leases get %s: exit %d %q %q", key, code, out, stderr)
+		}
+	}
 	out, stderr, code = run(t, "events", "tail", "--from-start", "--kind", "published", "--count", "1", "--nats", url)
 	if code != 0 || !strings.Contains(out, `"kind":"published"`) || !strings.Contains(out, ref.Key.String()) {
 		t.Fatalf("events tail: %d %s %s", code, out, stderr)
