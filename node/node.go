@@ -73,7 +73,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		}
 	}()
 	o := &n.opts
-	if n.nc, err = coordinator.Connect(o.NATSURL, o.mode(), o.NATSOptions...); err != nil {
+	if n.nc, err = coordinator.Connect(o.NATSURL, o.mode(), append(o.connectionLog(), o.NATSOptions...)...); err != nil {
 		return err
 	}
 	if (o.Reconciler || o.NoCache) && !o.NoEvents {
@@ -284,3 +284,20 @@ func (n *Node) PayloadAddr() string { return n.addr }
 
 // Name is the node's name.
 func (n *Node) Name() string { return n.opts.Name }
+
+// connectionLog logs the connection's losses and returns: an operator sees
+// an outage of a running process (which computes locally meanwhile, or
+// fails its calls in strict mode), not only one at its start. Options of
+// the caller's that set the same handlers come after, and win.
+func (o *Options) connectionLog() []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err != nil && !nc.IsClosed() {
+				o.Logger.Warn("embcache: NATS connection lost, reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			o.Logger.Info("embcache: NATS connection back", "server", nc.ConnectedUrlRedacted())
+		}),
+	}
+}

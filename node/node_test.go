@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -294,4 +295,51 @@ func TestReadyWithoutCache(t *testing.T) {
 	if m.Cache() != nil || m.Reconciler() != nil || !m.Conn().IsConnected() {
 		t.Fatalf("cache %v reconciler %v", m.Cache(), m.Reconciler())
 	}
+}
+
+// messages is a slog handler that hands each record's message on (and
+// drops it when nobody reads).
+type messages chan string
+
+func (m messages) Enabled(context.Context, slog.Level) bool { return true }
+func (m messages) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case m <- r.Message:
+	default:
+	}
+	return nil
+}
+func (m messages) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m messages) WithGroup(string) slog.Handler      { return m }
+
+// wait returns once a message containing sub came.
+func (m messages) wait(t *testing.T, sub string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case msg := <-m:
+			if strings.Contains(msg, sub) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no log message with %q", sub)
+		}
+	}
+}
+
+// A running node logs when its NATS connection is lost and when it is
+// back: an operator sees an outage of a running agent or worker, not only
+// one at its start (a new user's walkthrough found agent.log silent
+// through three outages).
+func TestTheConnectionsLossAndReturnAreLogged(t *testing.T) {
+	srv := startServer(t)
+	logs := make(messages, 64)
+	startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "n1", ShmDir: t.TempDir(), NoCache: true, Logger: slog.New(logs)})
+	srv.Shutdown()
+	logs.wait(t, "NATS connection lost")
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	logs.wait(t, "NATS connection back")
 }
