@@ -648,8 +648,10 @@ class EmbeddingCache:
 
     def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
         """The cached value of key (pinned for request_id), or None: not
-        cached, still computing elsewhere, the cache off or degraded. Never
-        reserves the key nor waits: a miss here holds nobody up."""
+        cached, still computing (also a commit the agent has answered and
+        is still storing: a get right after get_or_compute computed may
+        miss), the cache off or degraded. Never reserves the key nor waits:
+        a miss here holds nobody up."""
         if not self.enabled or key is None:
             return None
         client = self.client_id
