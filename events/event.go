@@ -44,7 +44,7 @@ func ParseKind(s string) (Kind, error) {
 			return Kind(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: unknown kind %q", ErrBadEvent, s)
+	return 0, fmt.Errorf("%w: unknown kind %q (one of %s)", ErrBadEvent, s, strings.Join(kindNames[1:], ", "))
 }
 
 // Kinds lists every kind.
