@@ -58,6 +58,25 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	return v, PathRemoteHit, nil
 }
 
+// Join returns the value of ref's flight in this process once it lands
+// (a GetOrCompute's compute, wait or pull, or a Get's pull), pinned for
+// req, or a local copy; with neither it is ErrNotCached at once, and it
+// starts nothing. A failed flight's error is returned. It is for a caller
+// that knows the flight ends soon: the agent, for a commit it has
+// answered while the value is stored.
+func (c *Cache) Join(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
+	obj := ref.Object()
+	v, err := c.local.Join(ctx, req, obj)
+	if errors.Is(err, localcache.ErrNoFlight) {
+		return nil, 0, ErrNotCached
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	c.obs.localHit(obj)
+	return v, PathLocalHit, nil
+}
+
 // pull fetches a committed record's value through the payload plane
 // (checksum verified), counting it; an error is counted and logged. A
 // record reserved before its model and epoch's invalidation is purged and

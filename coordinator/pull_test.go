@@ -193,3 +193,58 @@ func TestPullToShmNeedsShm(t *testing.T) {
 		t.Fatalf("without a node store: %v", err)
 	}
 }
+
+// gatedStore holds each Put until open is closed, and says when one came.
+type gatedStore struct {
+	*payload.MemoryStore
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g gatedStore) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
+	g.entered <- struct{}{}
+	<-g.open
+	return g.MemoryStore.Put(ctx, obj, v)
+}
+
+// Join waits for the flight of its key in this process (here a compute
+// whose value is being stored) and returns the value; with no flight and
+// no copy it is ErrNotCached at once.
+func TestJoinWaitsForTheFlightOfItsKey(t *testing.T) {
+	g := gatedStore{payload.NewMemoryStore("test-node", 0), make(chan struct{}, 1), make(chan struct{})}
+	c := newCache(t, startServer(t).ClientURL(), g)
+	ctx := context.Background()
+	if _, _, err := c.Join(ctx, "b", ref(1)); !errors.Is(err, ErrNotCached) {
+		t.Fatalf("a Join with no flight: %v", err)
+	}
+	var cnt counter
+	computed := make(chan error, 1)
+	go func() {
+		_, err := c.GetOrCompute(ctx, "a", ref(1), cnt.fn(1))
+		computed <- err
+	}()
+	<-g.entered // computed; its payload is being stored
+	type got struct {
+		v    *payload.Value
+		path Path
+		err  error
+	}
+	joined := make(chan got, 1)
+	go func() {
+		v, path, err := c.Join(ctx, "b", ref(1))
+		joined <- got{v, path, err}
+	}()
+	waitFor(t, func() bool { return c.local.Stats().Waits == 1 })
+	close(g.open)
+	r := <-joined
+	if r.err != nil || r.path != PathLocalHit {
+		t.Fatalf("a Join during the commit: %v %v", r.path, r.err)
+	}
+	sameValue(t, r.v, 1)
+	if err := <-computed; err != nil {
+		t.Fatal(err)
+	}
+	if cnt.n[1].Load() != 1 {
+		t.Fatalf("computed %d times", cnt.n[1].Load())
+	}
+}

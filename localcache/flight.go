@@ -43,6 +43,14 @@ func (c *Cache[K, V]) GetOrStart(ctx context.Context, req string, key K, fn Comp
 	return c.getOrCompute(ctx, req, key, fn, false)
 }
 
+// Join is GetOrCompute for a caller that must not start a compute: with
+// neither a live entry nor a compute running for key, it returns
+// ErrNoFlight at once.
+func (c *Cache[K, V]) Join(ctx context.Context, req string, key K) (V, error) {
+	return c.getOrCompute(ctx, req, key, nil, true)
+}
+
+// getOrCompute is GetOrCompute, GetOrStart (!join) and Join (fn nil).
 func (c *Cache[K, V]) getOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V], join bool) (V, error) {
 	var zero V
 	if req == "" {
@@ -57,8 +65,12 @@ func (c *Cache[K, V]) getOrCompute(ctx context.Context, req string, key K, fn Co
 		c.unlockAndReport(evicted)
 		return c.out(v), nil
 	}
-	c.stats.Misses++
 	f := c.flights[key]
+	if f == nil && fn == nil {
+		c.unlockAndReport(evicted)
+		return zero, ErrNoFlight
+	}
+	c.stats.Misses++
 	switch {
 	case f == nil:
 		f = c.startLocked(ctx, key, fn)

@@ -205,3 +205,46 @@ func TestGetOrStartNeverJoins(t *testing.T) {
 		t.Fatalf("no flight: %q %v", v, err)
 	}
 }
+
+// TestJoinNeverStarts: Join waits for a running compute and hits a live
+// entry, and without either returns ErrNoFlight and starts nothing.
+func TestJoinNeverStarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _, _ := newTestCache(t)
+		if _, err := c.Join(t.Context(), "a", "k"); !errors.Is(err, ErrNoFlight) {
+			t.Fatalf("nothing there: %v, want ErrNoFlight", err)
+		}
+		if s := c.Stats(); s.Computes != 0 {
+			t.Fatalf("Join started a compute: %+v", s)
+		}
+		release := make(chan struct{})
+		go c.GetOrCompute(t.Context(), "a", "k", func(context.Context) (blob, error) {
+			<-release
+			return blob("one"), nil
+		})
+		synctest.Wait() // computing
+		joined := make(chan string, 1)
+		go func() {
+			v, err := c.Join(t.Context(), "b", "k")
+			if err != nil {
+				t.Error(err)
+			}
+			joined <- string(v)
+		}()
+		synctest.Wait() // one caller in fn, the other joined
+		if s := c.Stats(); s.Computes != 1 || s.Waits != 1 {
+			t.Fatalf("before release: %+v", s)
+		}
+		close(release)
+		if v := <-joined; v != "one" {
+			t.Fatalf("joined %q", v)
+		}
+		if v, err := c.Join(t.Context(), "c", "k"); err != nil || string(v) != "one" {
+			t.Fatalf("a live entry: %q %v", v, err)
+		}
+		synctest.Wait()
+		for _, req := range []string{"a", "b", "c"} {
+			c.Release(req)
+		}
+	})
+}
