@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -36,6 +38,7 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	landed := s.land(res.ref)
 	s.commits.Add(1)
 	// The client has its value (it wrote it): it is answered now, and the
 	// value is read from its slot and handed to the coordinator, which
@@ -47,6 +50,7 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 	s.background.Add(1)
 	go func() {
 		defer s.background.Done()
+		defer landed()
 		v, err := c.read()
 		if err != nil {
 			s.failedCommits.Add(1)
@@ -56,7 +60,30 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 			err = fmt.Errorf("%w: its commit could not be read: %v", ErrReservationEnded, err)
 		}
 		res.send(v, err)
+		// Until the coordinator has stored and committed it (its flight
+		// ends), a get of the key waits.
+		pin := "agent/landing/" + res.id
+		s.cache.Join(context.WithoutCancel(r.Context()), pin, res.ref)
+		s.cache.Release(pin)
 	}()
+}
+
+// land records that a commit of ref was answered: gets of ref wait until
+// the returned func is called.
+func (s *Server) land(ref coordinator.Ref) (landed func()) {
+	ch := make(chan struct{})
+	obj := ref.Object()
+	s.mu.Lock()
+	s.landing[obj] = ch
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.landing[obj] == ch {
+			delete(s.landing, obj)
+		}
+		s.mu.Unlock()
+		close(ch)
+	}
 }
 
 // pendingCommit is a checked commit whose value is read after the answer.

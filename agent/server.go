@@ -58,6 +58,11 @@ type Server struct {
 	mu           sync.Mutex
 	reservations map[string]*reservation
 	ended        *lru.Cache[string, error] // why recent reservations ended, for their late calls
+	// landing: the keys of commits this agent answered whose value is not
+	// in its cache yet (being read, stored, committed); each closed once it
+	// is, or once the commit failed. A get waits for it: what a client
+	// committed, it gets at once.
+	landing map[payload.ObjectID]chan struct{}
 
 	pinsMu  sync.Mutex
 	clients map[string]*clientPins // by client name
@@ -112,7 +117,8 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 		return nil, errors.New("agent: a cache and an shm store are required")
 	}
 	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
-		logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{}}
+		logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{},
+		landing: map[payload.ObjectID]chan struct{}{}}
 	s.stored, _ = lru.New[payload.ObjectID, storedFile](1 << 16)
 	s.ended, _ = lru.New[string, error](1 << 14)
 	s.keyers, _ = lru.New[string, *cachekey.Keyer](256)
@@ -569,6 +575,15 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	req, ref, ok := s.lookupRequest(w, r)
 	if !ok {
 		return
+	}
+	s.mu.Lock()
+	landing := s.landing[ref.Object()]
+	s.mu.Unlock()
+	if landing != nil {
+		select { // a commit this agent answered: milliseconds
+		case <-landing:
+		case <-r.Context().Done():
+		}
 	}
 	pin := pinName(req.Client, req.RequestID)
 	s.pinned(req.Client, pin)

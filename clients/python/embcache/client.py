@@ -648,10 +648,10 @@ class EmbeddingCache:
 
     def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
         """The cached value of key (pinned for request_id), or None: not
-        cached, still computing (also a commit the agent has answered and
-        is still storing: a get right after get_or_compute computed may
-        miss), the cache off or degraded. Never reserves the key nor waits:
-        a miss here holds nobody up."""
+        cached, still computing elsewhere, the cache off or degraded. Never
+        reserves the key nor waits for a compute: a miss here holds nobody
+        up (a commit the agent has answered and is storing is waited for:
+        a get right after get_or_compute or put hits)."""
         if not self.enabled or key is None:
             return None
         client = self.client_id
@@ -668,8 +668,9 @@ class EmbeddingCache:
     def put(self, key: Optional[EmbeddingCacheKey], value: Any) -> bool:
         """Stores value as key's, unless the cluster has it already (or
         computes it: then that value stands). True if this call handed it
-        to the agent, which shares it after answering (a get right after
-        may still miss); False if the cluster had it, or degraded."""
+        to the agent, which stores and shares it after answering (a get
+        through the same agent right after waits for that); False if the
+        cluster had it, or degraded."""
         if not self.enabled or key is None:
             return False
         request_id = f"put-{uuid.uuid4().hex}"

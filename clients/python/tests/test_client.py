@@ -51,6 +51,19 @@ class ClientTest(harness.ClusterCase):
         first.close()
         self.assertEqual(self.cache.cleanup_request("r1"), 1)
 
+    def test_get_right_after_get_or_compute_hits(self):
+        # The agent answers the commit before it stores the value; a get
+        # right after waits for that (it missed about one time in two).
+        for i in range(10):
+            key = self.cache.key_from_raw_bytes(harness.config(), b"image-then-get-%d" % i)
+            value = Tensor(bytes(range(256)) * 256, "uint8", (256, 256))
+            self.assertIs(self.cache.get_or_compute(key, lambda: value, "r1"), value)
+            got = self.cache.get(key, "r2")
+            self.assertIsInstance(got, Embedding, "get %d right after its compute" % i)
+            self.assertEqual(got.tobytes(), value.data)
+            got.close()
+        self.cache.cleanup_request("r2")
+
     def test_reserve_commit_abandon(self):
         key = self.cache.key_from_raw_bytes(harness.config(), b"image-abandon")
         got = self.cache.reserve(key, "r1")
