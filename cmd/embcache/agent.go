@@ -79,6 +79,9 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	wctx, cancel := context.WithTimeout(ctx, c.waitStore)
 	err = n.Ready(wctx)
 	cancel()
+	if ctx.Err() != nil {
+		return nil // stopped (a signal) while it waited for the store
+	}
 	if err != nil {
 		logger.Warn("embcache agent: serving without the store (computes are not shared until it is back)", "err", err)
 	}
