@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,4 +225,26 @@ func sample(body, want string) float64 {
 		return -1
 	}
 	return total
+}
+
+// An agent stopped while it waits for a store that is not there exits
+// at once and quietly: it does not log that it serves without the store,
+// nor listen first (a new user's walkthrough found both).
+func TestAnAgentStoppedWhileItWaitsForTheStoreExits(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", "1m", "--node", "a1",
+		"--shm-dir", filepath.Join(dir, "shm"), "--socket", filepath.Join(dir, "agent.sock"))
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, out, "store unreachable", "") // logged as the node starts, before the agent waits for the store
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, out.String())
+	}
+	if s := out.String(); strings.Contains(s, "serving without the store") || strings.Contains(s, "listening on") {
+		t.Fatalf("stopped while waiting for the store, it went on:\n%s", s)
+	}
 }
