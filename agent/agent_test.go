@@ -775,3 +775,16 @@ func TestAGetRightAfterACommitHits(t *testing.T) {
 		}
 	}
 }
+
+// A commit's value is stored without counting a read of it: the agent's
+// wait for it pins and counts nothing (a review found that joining the
+// flight counted a local hit per commit, and sent a touch).
+func TestACommitCountsNoHit(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	commit(t, n, c, keyOf(t, c, "image-unread"), "r1", bytes.Repeat([]byte{1, 2, 3, 4}, 1<<10))
+	waitFor(t, func() bool { s := n.cache.Stats(); return s.Computes == 1 && s.Local.InFlight == 0 })
+	if s := n.cache.Stats(); s.LocalHits != 0 || s.Local.Hits != 0 {
+		t.Fatalf("a commit nobody read counted hits: %+v", s)
+	}
+}

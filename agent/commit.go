@@ -60,11 +60,13 @@ func (s *Server) handleCommit(w http.ResponseWriter, r *http.Request) {
 			err = fmt.Errorf("%w: its commit could not be read: %v", ErrReservationEnded, err)
 		}
 		res.send(v, err)
-		// Until the coordinator has stored and committed it (its flight
-		// ends), a get of the key waits.
-		pin := "agent/landing/" + res.id
-		s.cache.Join(context.WithoutCancel(r.Context()), pin, res.ref)
-		s.cache.Release(pin)
+		if err == nil {
+			// Until the coordinator has stored and committed it (its
+			// flight ends), a get of the key waits. Not after a failed
+			// read: the flight ends at once, and the key's next one may
+			// be another client's compute.
+			s.cache.WaitFlight(context.WithoutCancel(r.Context()), res.ref)
+		}
 	}()
 }
 

@@ -580,10 +580,13 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	landing := s.landing[ref.Object()]
 	s.mu.Unlock()
 	if landing != nil {
-		select { // a commit this agent answered: milliseconds
+		t := time.NewTimer(landingWait)
+		select { // a commit this agent answered: milliseconds, unless NATS stalls
 		case <-landing:
+		case <-t.C:
 		case <-r.Context().Done():
 		}
+		t.Stop()
 	}
 	pin := pinName(req.Client, req.RequestID)
 	s.pinned(req.Client, pin)
@@ -607,6 +610,12 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 	reply(w, resp)
 }
+
+// landingWait bounds how long a get waits for a commit this agent has
+// answered and is still storing (a NATS that stalls holds its commit up
+// to the op timeouts): then it answers as any get, well within a client's
+// call timeout.
+const landingWait = time.Second
 
 // dtypeName is a hit's dtype: none for a tokens value, which has no tensor.
 func dtypeName(v *payload.Value) string {

@@ -58,23 +58,13 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	return v, PathRemoteHit, nil
 }
 
-// Join returns the value of ref's flight in this process once it lands
-// (a GetOrCompute's compute, wait or pull, or a Get's pull), pinned for
-// req, or a local copy; with neither it is ErrNotCached at once, and it
-// starts nothing. A failed flight's error is returned. It is for a caller
-// that knows the flight ends soon: the agent, for a commit it has
-// answered while the value is stored.
-func (c *Cache) Join(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
-	obj := ref.Object()
-	v, err := c.local.Join(ctx, req, obj)
-	if errors.Is(err, localcache.ErrNoFlight) {
-		return nil, 0, ErrNotCached
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	c.obs.localHit(obj)
-	return v, PathLocalHit, nil
+// WaitFlight returns once the flight of ref in this process, if any (a
+// GetOrCompute's compute, wait or pull, or a Get's pull), has ended, or
+// ctx has. It pins nothing, counts nothing and starts nothing: it is for
+// a caller that knows the flight ends soon (the agent, for a commit it
+// has answered, until the value is stored).
+func (c *Cache) WaitFlight(ctx context.Context, ref Ref) error {
+	return c.local.Wait(ctx, ref.Object())
 }
 
 // pull fetches a committed record's value through the payload plane

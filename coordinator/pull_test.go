@@ -207,15 +207,15 @@ func (g gatedStore) Put(ctx context.Context, obj payload.ObjectID, v *payload.Va
 	return g.MemoryStore.Put(ctx, obj, v)
 }
 
-// Join waits for the flight of its key in this process (here a compute
-// whose value is being stored) and returns the value; with no flight and
-// no copy it is ErrNotCached at once.
-func TestJoinWaitsForTheFlightOfItsKey(t *testing.T) {
+// WaitFlight waits for the flight of its key in this process (here a
+// compute whose value is being stored) and counts nothing: the Get after
+// it is the one local hit. With no flight it returns at once.
+func TestWaitFlightWaitsForTheFlightOfItsKey(t *testing.T) {
 	g := gatedStore{payload.NewMemoryStore("test-node", 0), make(chan struct{}, 1), make(chan struct{})}
 	c := newCache(t, startServer(t).ClientURL(), g)
 	ctx := context.Background()
-	if _, _, err := c.Join(ctx, "b", ref(1)); !errors.Is(err, ErrNotCached) {
-		t.Fatalf("a Join with no flight: %v", err)
+	if err := c.WaitFlight(ctx, ref(1)); err != nil {
+		t.Fatal(err)
 	}
 	var cnt counter
 	computed := make(chan error, 1)
@@ -224,27 +224,24 @@ func TestJoinWaitsForTheFlightOfItsKey(t *testing.T) {
 		computed <- err
 	}()
 	<-g.entered // computed; its payload is being stored
-	type got struct {
-		v    *payload.Value
-		path Path
-		err  error
-	}
-	joined := make(chan got, 1)
-	go func() {
-		v, path, err := c.Join(ctx, "b", ref(1))
-		joined <- got{v, path, err}
-	}()
-	waitFor(t, func() bool { return c.local.Stats().Waits == 1 })
+	waited := make(chan error, 1)
+	go func() { waited <- c.WaitFlight(ctx, ref(1)) }()
 	close(g.open)
-	r := <-joined
-	if r.err != nil || r.path != PathLocalHit {
-		t.Fatalf("a Join during the commit: %v %v", r.path, r.err)
+	if err := <-waited; err != nil {
+		t.Fatal(err)
 	}
-	sameValue(t, r.v, 1)
 	if err := <-computed; err != nil {
 		t.Fatal(err)
 	}
-	if cnt.n[1].Load() != 1 {
-		t.Fatalf("computed %d times", cnt.n[1].Load())
+	if s := c.Stats(); s.LocalHits != 0 {
+		t.Fatalf("WaitFlight counted a hit: %+v", s)
+	}
+	v, path, err := c.Get(ctx, "b", ref(1))
+	if err != nil || path != PathLocalHit {
+		t.Fatalf("the Get after: %v %v", path, err)
+	}
+	sameValue(t, v, 1)
+	if s := c.Stats(); s.LocalHits != 1 || cnt.n[1].Load() != 1 {
+		t.Fatalf("local hits %d, computes %d", s.LocalHits, cnt.n[1].Load())
 	}
 }

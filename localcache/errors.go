@@ -20,7 +20,4 @@ var (
 	// ErrInFlight is returned by GetOrStart when a compute of the key is
 	// already running.
 	ErrInFlight = errors.New("localcache: a compute of the key is running")
-	// ErrNoFlight is returned by Join when the key has neither a live
-	// entry nor a compute running.
-	ErrNoFlight = errors.New("localcache: no entry and no compute of the key")
 )

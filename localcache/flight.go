@@ -43,14 +43,24 @@ func (c *Cache[K, V]) GetOrStart(ctx context.Context, req string, key K, fn Comp
 	return c.getOrCompute(ctx, req, key, fn, false)
 }
 
-// Join is GetOrCompute for a caller that must not start a compute: with
-// neither a live entry nor a compute running for key, it returns
-// ErrNoFlight at once.
-func (c *Cache[K, V]) Join(ctx context.Context, req string, key K) (V, error) {
-	return c.getOrCompute(ctx, req, key, nil, true)
+// Wait returns once the compute running for key, if any, has ended (its
+// value is in the cache, or it failed), or ctx has. It pins nothing,
+// counts nothing and starts nothing.
+func (c *Cache[K, V]) Wait(ctx context.Context, key K) error {
+	c.mu.Lock()
+	f := c.flights[key]
+	c.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	select {
+	case <-f.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// getOrCompute is GetOrCompute, GetOrStart (!join) and Join (fn nil).
 func (c *Cache[K, V]) getOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V], join bool) (V, error) {
 	var zero V
 	if req == "" {
@@ -65,12 +75,8 @@ func (c *Cache[K, V]) getOrCompute(ctx context.Context, req string, key K, fn Co
 		c.unlockAndReport(evicted)
 		return c.out(v), nil
 	}
-	f := c.flights[key]
-	if f == nil && fn == nil {
-		c.unlockAndReport(evicted)
-		return zero, ErrNoFlight
-	}
 	c.stats.Misses++
+	f := c.flights[key]
 	switch {
 	case f == nil:
 		f = c.startLocked(ctx, key, fn)

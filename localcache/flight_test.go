@@ -206,16 +206,13 @@ func TestGetOrStartNeverJoins(t *testing.T) {
 	}
 }
 
-// TestJoinNeverStarts: Join waits for a running compute and hits a live
-// entry, and without either returns ErrNoFlight and starts nothing.
-func TestJoinNeverStarts(t *testing.T) {
+// TestWaitPinsNothing: Wait returns at once without a compute, waits for
+// a running one to land, and pins, counts and starts nothing.
+func TestWaitPinsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, _, _ := newTestCache(t)
-		if _, err := c.Join(t.Context(), "a", "k"); !errors.Is(err, ErrNoFlight) {
-			t.Fatalf("nothing there: %v, want ErrNoFlight", err)
-		}
-		if s := c.Stats(); s.Computes != 0 {
-			t.Fatalf("Join started a compute: %+v", s)
+		if err := c.Wait(t.Context(), "k"); err != nil {
+			t.Fatal(err)
 		}
 		release := make(chan struct{})
 		go c.GetOrCompute(t.Context(), "a", "k", func(context.Context) (blob, error) {
@@ -223,28 +220,24 @@ func TestJoinNeverStarts(t *testing.T) {
 			return blob("one"), nil
 		})
 		synctest.Wait() // computing
-		joined := make(chan string, 1)
-		go func() {
-			v, err := c.Join(t.Context(), "b", "k")
-			if err != nil {
-				t.Error(err)
-			}
-			joined <- string(v)
-		}()
-		synctest.Wait() // one caller in fn, the other joined
-		if s := c.Stats(); s.Computes != 1 || s.Waits != 1 {
-			t.Fatalf("before release: %+v", s)
+		waited := make(chan error, 1)
+		go func() { waited <- c.Wait(t.Context(), "k") }()
+		synctest.Wait()
+		select {
+		case err := <-waited:
+			t.Fatalf("Wait returned %v while the compute ran", err)
+		default:
 		}
 		close(release)
-		if v := <-joined; v != "one" {
-			t.Fatalf("joined %q", v)
+		if err := <-waited; err != nil {
+			t.Fatal(err)
 		}
-		if v, err := c.Join(t.Context(), "c", "k"); err != nil || string(v) != "one" {
-			t.Fatalf("a live entry: %q %v", v, err)
+		if !c.Contains("k") {
+			t.Fatal("Wait returned before the value landed")
 		}
-		synctest.Wait()
-		for _, req := range []string{"a", "b", "c"} {
-			c.Release(req)
+		if s := c.Stats(); s.Computes != 1 || s.Waits != 0 || s.Misses != 1 || s.Hits != 0 || s.Pinned != 1 {
+			t.Fatalf("Wait counted or pinned: %+v", s)
 		}
+		c.Release("a")
 	})
 }
