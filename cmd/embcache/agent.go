@@ -93,12 +93,20 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopped := make(chan struct{})
 	go func() {
+		defer close(stopped)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
 	fmt.Fprintln(stderr, "embcache agent: node", n.Name(), "listening on", c.socket)
-	return srv.Serve(l)
+	if err := srv.Serve(l); err != nil {
+		return err
+	}
+	// Serve returns as Shutdown begins: the commits it answered are still
+	// being stored, and the node must not close under them.
+	<-stopped
+	return nil
 }
