@@ -36,9 +36,15 @@ type progress struct {
 	Sweeping bool `json:"sweeping,omitempty"`
 }
 
-// resumeFrom is where an active reconciler starts following the bucket,
-// and rev, the progress record's revision (0 if none), which its own marks
-// replace. It is the predecessor's progress mark less a lease TTL and a
+// resumePoint is where an active reconciler starts.
+type resumePoint struct {
+	since   time.Time // where its loop starts following the bucket (zero: it sweeps)
+	handled time.Time // the predecessor's mark (zero: none), which its own marks never go below
+	rev     uint64    // the progress record's revision (0: none), which its marks replace
+}
+
+// resumeFrom is where an active reconciler starts following the bucket.
+// It is the predecessor's progress mark less a lease TTL and a
 // second: a shard's mark is its leader's time when its position was
 // taken, and a replicated stream stamps a message when it is proposed,
 // before it counts in the position (a slow commit), and a leader that
@@ -50,8 +56,12 @@ type progress struct {
 // release), it is the time stamp of the election key's last message (the
 // last renewal, or the marker the lease left) less a lease TTL and a
 // second, or zero if there is none. A record that cannot be read (a
-// shard's leader election) is an error: the campaign waits.
-func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since time.Time, rev uint64, err error) {
+// shard's leader election) is an error: the campaign waits. The
+// predecessor's mark is kept as the floor of this term's: every message
+// before it was handled (the margin covers the same uncertain messages
+// for every successor), so terms too short to take a mark of their own
+// do not move it back by a margin each.
+func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (resumePoint, error) {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	margin := r.s.leaseTTL + time.Second
@@ -62,23 +72,23 @@ func (r *Reconciler) resumeFrom(ctx context.Context, b *lease.Bucket) (since tim
 		switch err := json.Unmarshal(e.Value(), &p); {
 		case err != nil || p.V != progressVersion || p.Handled.IsZero():
 			r.s.logger.Warn("embcache: reconciler progress record not understood, sweeping", "err", err, "v", p.V)
-			return time.Time{}, e.Revision(), nil
+			return resumePoint{rev: e.Revision()}, nil
 		case p.Sweeping:
-			return time.Time{}, e.Revision(), nil
+			return resumePoint{rev: e.Revision()}, nil
 		default:
-			return p.Handled.Add(-margin), e.Revision(), nil
+			return resumePoint{since: p.Handled.Add(-margin), handled: p.Handled, rev: e.Revision()}, nil
 		}
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
-		return time.Time{}, 0, fmt.Errorf("reconciler: progress record: %w", err)
+		return resumePoint{}, fmt.Errorf("reconciler: progress record: %w", err)
 	}
 	prev, err := b.Read(octx, ElectionKey)
 	if err != nil {
-		return time.Time{}, 0, fmt.Errorf("reconciler: election key: %w", err)
+		return resumePoint{}, fmt.Errorf("reconciler: election key: %w", err)
 	}
 	if prev.Rev == 0 || prev.Stamp.IsZero() {
-		return time.Time{}, 0, nil
+		return resumePoint{}, nil
 	}
-	return prev.Stamp.Add(-margin), 0, nil
+	return resumePoint{since: prev.Stamp.Add(-margin)}, nil
 }
 
 // progressEvery is how often the active reconciler takes its progress
@@ -103,6 +113,7 @@ type tracker struct {
 	b       *lease.Bucket
 	holds   func(context.Context) (bool, error) // whether this process holds the election, as the bucket says
 	start   time.Time                           // where the loop started: what came before was handled by a predecessor (or swept)
+	floor   time.Time                           // the predecessor's mark: no mark written goes below it
 	handled []atomic.Uint64                     // per shard, the stream sequence of the last message the loop handled
 	owes    atomic.Bool                         // set by owe: the loop gave up a marker's eviction
 	sweepFn func(context.Context) (done bool)
@@ -372,7 +383,7 @@ func (t *tracker) earliest() time.Time {
 // write replaces the progress record (if still at t.rev) with handled,
 // and whether the term's sweep is unfinished.
 func (t *tracker) write(ctx context.Context, handled time.Time) error {
-	body, err := json.Marshal(progress{V: progressVersion, Owner: t.r.id, Handled: handled, Sweeping: t.owed})
+	body, err := json.Marshal(progress{V: progressVersion, Owner: t.r.id, Handled: later(handled, t.floor), Sweeping: t.owed})
 	if err != nil {
 		return err
 	}

@@ -171,3 +171,36 @@ func TestTheLastMarkOwesAGivenUpEviction(t *testing.T) {
 		t.Fatal("the term's last mark does not owe the eviction given up after the last tick")
 	}
 }
+
+// A term too short to take a mark of its own writes its predecessor's
+// mark, not its own start (the mark less the margin): a row of such terms
+// does not move the mark back a margin each, towards a sweep. (A third
+// hunt argued it.)
+func TestAShortTermKeepsItsPredecessorsMark(t *testing.T) {
+	ctx := context.Background()
+	b, newReconciler := trackerWorld(t, 1)
+	r := newReconciler()
+	mark := time.Now().Add(-10 * time.Second).UTC().Truncate(time.Millisecond)
+	body, err := json.Marshal(progress{V: progressVersion, Owner: "pred", Handled: mark})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Shards()[0].Create(ctx, ProgressKey, body); err != nil {
+		t.Fatal(err)
+	}
+	for term := range 3 {
+		from, err := r.resumeFrom(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if margin := r.s.leaseTTL + time.Second; !from.since.Equal(mark.Add(-margin)) || !from.handled.Equal(mark) {
+			t.Fatalf("term %d starts at %v with the mark %v; want %v and %v", term, from.since, from.handled, mark.Add(-margin), mark)
+		}
+		tr := newTracker(r, b, func(context.Context) (bool, error) { return true, nil }, from.since, false, from.rev,
+			func(context.Context) bool { return true })
+		tr.floor = from.handled
+		if !tr.record(ctx, tr.start) { // the term's first mark, and its last
+			t.Fatalf("term %d: its mark was not written", term)
+		}
+	}
+}

@@ -138,10 +138,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		b, err := r.bucket(ctx)
 		if err == nil {
-			var since time.Time
-			var rev uint64
+			var from resumePoint
 			var el *lease.Lease
-			since, rev, err = r.resumeFrom(ctx, b)
+			from, err = r.resumeFrom(ctx, b)
 			if err == nil {
 				el, err = r.campaign(ctx, b)
 			}
@@ -152,7 +151,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
 				r.ensureRepublish(ctx, b)
-				err = r.active(ctx, b, el, since, rev)
+				err = r.active(ctx, b, el, from)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
 				el.Stop()
@@ -213,9 +212,9 @@ func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Leas
 // previous active one's loop got: resumeFrom): the markers placed
 // meanwhile are still in the bucket if that is less than a marker TTL
 // ago; otherwise (or since unknown, or a sweep left unfinished) it sweeps
-// every value the events know once. progressRev is the revision of the
-// progress record its own marks replace.
-func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease, since time.Time, progressRev uint64) error {
+// every value the events know once.
+func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Lease, from resumePoint) error {
+	since := from.since
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -281,8 +280,9 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	// them). The loop ends when ctx does, and so do they.
 	var beside sync.WaitGroup
 	defer beside.Wait()
-	marks := newTracker(r, b, func(ctx context.Context) (bool, error) { return r.holds(ctx, b, el) }, start, sweep, progressRev,
+	marks := newTracker(r, b, func(ctx context.Context) (bool, error) { return r.holds(ctx, b, el) }, start, sweep, from.rev,
 		func(ctx context.Context) bool { return r.sweep(ctx, x) })
+	marks.floor = from.handled
 	beside.Go(func() { marks.run(ctx) })
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
