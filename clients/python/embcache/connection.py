@@ -89,6 +89,10 @@ class Connection:
         except AgentUnavailable:
             self.close()
             raise
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            self.close()
+            raise AgentUnavailable(f"agent at {self.path}: {method} {target}: {e} "
+                                   "(no agent listens there: is `embcache agent --socket` running, with this path?)") from e
         except (OSError, ValueError) as e:
             self.close()
             raise AgentUnavailable(f"agent at {self.path}: {method} {target}: {e}") from e
