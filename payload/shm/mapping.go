@@ -57,7 +57,7 @@ func (s *Store) acquire(ctx context.Context, obj payload.ObjectID, want int64) (
 		return nil, err
 	}
 	path := s.path(obj)
-	f, err := os.Open(path)
+	f, err := openFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %v", payload.ErrNotFound, obj)
 	}

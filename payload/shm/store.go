@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/embcache/embcache/payload"
@@ -177,7 +178,7 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	written, err := s.write(final, size+int64(trailerSize), present, func(f *os.File) error {
+	written, err := s.write(final, size, sum, present, func(f *os.File) error {
 		for _, p := range [][]byte{header, data, sum[:]} {
 			if _, err := f.Write(p); err != nil {
 				return err
@@ -191,16 +192,11 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	return s.placed(obj, size, sum, written, err)
 }
 
-// placed is the Location after a write: of the file written, or of the one
-// another writer put in place first.
-func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, written bool, err error) (payload.Location, error) {
+// placed is the Location after a write: of the file written, or of the
+// same bytes another writer put in place first.
+func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, _ bool, err error) (payload.Location, error) {
 	if err != nil {
 		return payload.Location{}, err
-	}
-	if !written {
-		if size, sum, ok := existing(s.path(obj)); ok {
-			return s.location(obj, size, sum), nil
-		}
 	}
 	return s.location(obj, size, sum), nil
 }
@@ -226,7 +222,7 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 		touch(final)
 		return s.location(obj, size, sum), nil
 	}
-	written, err := s.write(final, size+int64(trailerSize), present, func(f *os.File) error {
+	written, err := s.write(final, size, sum, present, func(f *os.File) error {
 		got, err := copyHashing(ctx, f, r, size)
 		if err != nil {
 			return err
@@ -318,7 +314,7 @@ func touch(path string) {
 
 func existing(path string) (int64, payload.Checksum, bool) {
 	var sum payload.Checksum
-	f, err := os.Open(path)
+	f, err := openFile(path)
 	if err != nil {
 		return 0, sum, false
 	}
@@ -334,12 +330,36 @@ func existing(path string) (int64, payload.Checksum, bool) {
 	return size, sum, true
 }
 
-// write reserves fileSize bytes of the budget and puts in place at final
-// the file fill writes (into a temp file, preallocated). written is false
-// when nothing new stays on disk: an error, or another writer got there
-// first. With replace, the file takes the place of the one at final (which
-// has other bytes); without, a file that appeared meanwhile wins.
-func (s *Store) write(final string, fileSize int64, replace bool, fill func(*os.File) error) (written bool, err error) {
+// openFile opens a value file for reading: a regular file, never through
+// a link, and without blocking (a FIFO under a value's name would hold an
+// open until a writer came).
+func openFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a value file (%v)", path, fi.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// write reserves the budget for a file of the encoding of size bytes
+// whose BLAKE3 is sum (and its trailer) and puts in place at final the
+// file fill writes (into a temp file, preallocated). written is false when
+// nothing new stays on disk: an error, or another writer put the same
+// bytes in place first. With replace, the file takes the place of the one
+// at final (which has other bytes); without, a file that appeared
+// meanwhile stands if it holds the same bytes, and is replaced if not (a
+// value of the key from before an invalidation, say: the caller's value
+// is what its Location must name).
+func (s *Store) write(final string, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) (written bool, err error) {
+	fileSize := size + int64(trailerSize)
 	s.mu.Lock()
 	if s.used+fileSize > s.maxBytes {
 		used := s.used
@@ -389,30 +409,34 @@ func (s *Store) write(final string, fileSize int64, replace bool, fill func(*os.
 		return false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
-	if replace {
-		// Readers that mapped the old file keep its bytes (its inode).
-		var st unix.Stat_t
-		oldSize := int64(-1)
-		if unix.Stat(final, &st) == nil {
-			oldSize = st.Size
+	if !replace {
+		err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
+		if !errors.Is(err, unix.EEXIST) {
+			if err != nil {
+				return false, fmt.Errorf("shm: rename into place: %w", err)
+			}
+			return true, nil
 		}
-		if err := os.Rename(tmp.Name(), final); err != nil {
-			return false, fmt.Errorf("shm: rename into place: %w", err)
+		if old, oldSum, ok := existing(final); ok && old == size && oldSum == sum {
+			os.Remove(tmp.Name())
+			return false, nil // another writer put these bytes in place first
 		}
-		if oldSize >= 0 {
-			s.mu.Lock()
-			s.used = max(0, s.used-oldSize)
-			s.mu.Unlock()
-		}
-		return true, nil
+		// Other bytes got there first (or no value file: then the rename
+		// below fails): ours replace them.
 	}
-	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EEXIST) {
-		os.Remove(tmp.Name())
-		return false, nil // another writer won; its value is ours
+	// Readers that mapped the old file keep its bytes (its inode).
+	var st unix.Stat_t
+	oldSize := int64(-1)
+	if unix.Lstat(final, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		oldSize = st.Size
 	}
-	if err != nil {
+	if err := os.Rename(tmp.Name(), final); err != nil {
 		return false, fmt.Errorf("shm: rename into place: %w", err)
+	}
+	if oldSize >= 0 {
+		s.mu.Lock()
+		s.used = max(0, s.used-oldSize)
+		s.mu.Unlock()
 	}
 	return true, nil
 }
@@ -465,7 +489,7 @@ func (s *Store) open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(s.path(obj))
+	f, err := openFile(s.path(obj))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %v", payload.ErrNotFound, obj)
 	}
