@@ -179,7 +179,13 @@ func Tail(ctx context.Context, js jetstream.JetStream, opts events.SubscribeOpti
 	if err != nil {
 		return err
 	}
-	defer sub.Stop()
+	// Stop waits for the handler, which may be blocked on a full out: ctx
+	// ends first, which it gives up on (with Stop first, `events tail
+	// --count 1` hung about one run in five).
+	defer func() {
+		cancel()
+		sub.Stop()
+	}()
 	for printed := 0; count <= 0 || printed < count; printed++ {
 		select {
 		case <-ctx.Done():
