@@ -213,6 +213,9 @@ class EmbeddingCache:
     compute_timeout bounds a lookup's wait for another process's compute
     (plus agent_timeout).
 
+    socket_path is the agent's socket; by default $EMBCACHE_AGENT_SOCKET,
+    which `embcache agent` reads too.
+
     With enabled=False the client is a pass-through: get_or_compute calls
     compute_fn every time and the agent is never contacted. When the cache
     fails (the agent unreachable, hung or killed, its store full, its NATS
@@ -232,8 +235,10 @@ class EmbeddingCache:
             raise TypeError(f"enabled={enabled!r}: want True or False")
         if store_unavailable_mode not in ("degrade", "strict"):
             raise ValueError(f"store_unavailable_mode {store_unavailable_mode!r}: want degrade or strict")
+        if socket_path is None:
+            socket_path = os.environ.get("EMBCACHE_AGENT_SOCKET")  # as the agent reads it
         if enabled and not socket_path:
-            raise ValueError("socket_path is required when the cache is enabled")
+            raise ValueError("socket_path is required when the cache is enabled (or $EMBCACHE_AGENT_SOCKET)")
         for name, t in (("agent_timeout", agent_timeout), ("compute_timeout", compute_timeout)):
             if not 0 < t <= _MAX_TIMEOUT:  # also refuses NaN
                 raise ValueError(f"{name}={t!r}: want seconds in (0, {_MAX_TIMEOUT:g}]")

@@ -7,6 +7,7 @@ import socket
 import tempfile
 import threading
 import unittest
+from unittest import mock
 
 from embcache import AgentUnavailable, BadRequest, Embedding, EmbeddingCache, Reservation, StageCacheConfig, Tensor
 
@@ -216,6 +217,15 @@ class PassThroughTest(unittest.TestCase):
             strict.get_or_compute(key, lambda: "local", "r1")
         # It says what to check, not only the socket's errno.
         self.assertIn("no agent listens there", str(e.exception))
+
+    def test_socket_from_the_environment(self):
+        # As the agent reads it (docs/operations.md exports it for both).
+        missing = os.path.join(tempfile.gettempdir(), "embcache-env-agent.sock")
+        with mock.patch.dict(os.environ, {"EMBCACHE_AGENT_SOCKET": missing}):
+            self.assertEqual(EmbeddingCache().socket_path, missing)
+        with mock.patch.dict(os.environ, {}, clear=True):
+            with self.assertRaises(ValueError):
+                EmbeddingCache()
 
     def test_stage_config(self):
         c = StageCacheConfig.from_stage_config({"embedding_cache": {
