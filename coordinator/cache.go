@@ -227,7 +227,8 @@ func (c *Cache) reconnectLoop() {
 	c.retry(func() error {
 		err := c.connectStore(context.Background())
 		if err == nil {
-			c.s.logger.Info("embcache: store reachable again, sharing resumes", "servers", serverNames(c.nc))
+			// At the level of the outage's start: an operator sees its end.
+			c.s.logger.Warn("embcache: store reachable again, sharing resumes", "servers", serverNames(c.nc))
 		}
 		return err
 	})

@@ -297,7 +297,8 @@ func (o *Options) connectionLog() []nats.Option {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			o.Logger.Info("embcache: NATS connection back", "server", nc.ConnectedUrlRedacted())
+			// At the level of the loss: an operator sees the outage's end.
+			o.Logger.Warn("embcache: NATS connection back", "server", nc.ConnectedUrlRedacted())
 		}),
 	}
 }
