@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"runtime/debug"
 
 	"github.com/embcache/embcache/payload"
 	"github.com/zeebo/blake3"
@@ -116,6 +117,19 @@ func (s *Store) acquire(ctx context.Context, obj payload.ObjectID, want int64) (
 	return m, nil
 }
 
+// sumOf hashes mem, a mapping of a file that its owner may cut short
+// meanwhile: a read past the file's new end faults (SIGBUS), which is then
+// an error, not the end of the process.
+func sumOf(mem []byte) (sum payload.Checksum, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the file changed while it was hashed (%v)", r)
+		}
+	}()
+	return payload.Checksum(blake3.Sum256(mem)), nil
+}
+
 // mapVerified maps f into m and reads its trailer; with verification, it
 // hashes the encoding too (unless Receive hashed it as it wrote it), and
 // removes a file whose encoding does not hash to its trailer (so that a
@@ -131,7 +145,11 @@ func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, hashed
 		return nil
 	}
 	s.hashes.Add(1)
-	if got := payload.Checksum(blake3.Sum256(m.encoding())); got != m.trailer {
+	got, err := sumOf(m.encoding())
+	if err != nil {
+		return fmt.Errorf("%w: %v: %v", payload.ErrCorrupt, obj, err)
+	}
+	if got != m.trailer {
 		s.removeIfSame(s.path(obj), m.id)
 		return fmt.Errorf("%w: %v hashes to %v, its trailer says %v", payload.ErrCorrupt, obj, got, m.trailer)
 	}

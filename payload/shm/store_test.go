@@ -19,6 +19,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 // TestMain doubles as the helper process of the cross-process tests: with
@@ -669,4 +670,30 @@ func TestANonFileUnderAValuesNameIsNoValue(t *testing.T) {
 		t.Fatalf("the value put over a FIFO: %v", err)
 	}
 	got.Close()
+}
+
+// A file cut short after it was mapped makes its hash an error, not a
+// crash of the process (a read past the end of a shared mapping faults;
+// a helper's hunt crashed a Get so, truncating the file while it hashed).
+func TestAFileCutShortWhileHashedIsAnError(t *testing.T) {
+	f, err := os.Create(filepath.Join(testDir(t), "cut"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const size = 1 << 20
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sumOf(mem); err == nil {
+		t.Fatal("a mapping past its file's end hashed without an error")
+	}
 }
