@@ -201,7 +201,8 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 		l.Close()
 		return nil, err
 	}
-	n.server = &http.Server{Handler: httppull.NewServer(n.store, sopts...), ReadHeaderTimeout: 10 * time.Second}
+	n.server = &http.Server{Handler: httppull.NewServer(n.store, sopts...), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: 2 * time.Minute}
 	n.addr = l.Addr().String()
 	go n.server.Serve(l)
 	return tr, nil

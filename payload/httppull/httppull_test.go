@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
@@ -280,4 +284,73 @@ func FuzzServePath(f *testing.F) {
 			t.Fatalf("%s %q: %d", method, path, rec.Code)
 		}
 	})
+}
+
+// openCount is a Source that counts the blobs it has open.
+type openCount struct {
+	src  Source
+	open atomic.Int64
+}
+
+func (c *openCount) Open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, error) {
+	b, err := c.src.Open(ctx, obj)
+	if err != nil {
+		return nil, err
+	}
+	c.open.Add(1)
+	return payload.NewBlob(b.Data, b.Checksum, func() error { c.open.Add(-1); return b.Close() }), nil
+}
+
+// A client that asks for a value and stops reading holds the handler,
+// and the value's blob (an shm mapping), for the write stall only: it held
+// them until the client went away (a helper's hunt found it). A pull on a
+// connection after a completed one is not cut short by the first one's
+// deadline.
+func TestAClientThatStopsReadingIsDropped(t *testing.T) {
+	store := payload.NewMemoryStore("n", 0)
+	if _, err := store.Put(context.Background(), testObj, value(64<<20)); err != nil {
+		t.Fatal(err)
+	}
+	src := &openCount{src: store}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: NewServer(src, WithWriteStall(200*time.Millisecond)), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	defer srv.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	fmt.Fprintf(c, "GET %s%s HTTP/1.1\r\nHost: x\r\n\r\n", PathPrefix, testObj)
+	waitUntil(t, "the server took the blob", func() bool { return src.open.Load() == 1 })
+	waitUntil(t, "the server dropped the blob of a client that stopped reading", func() bool { return src.open.Load() == 0 })
+
+	hc := &http.Client{}
+	defer hc.CloseIdleConnections()
+	for i := range 2 {
+		resp, err := hc.Get("http://" + l.Addr().String() + PathPrefix + testObj.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || n != resp.ContentLength {
+			t.Fatalf("pull %d on one connection: %d, %d of %d bytes, %v", i, resp.StatusCode, n, resp.ContentLength, err)
+		}
+		time.Sleep(300 * time.Millisecond) // past the pull's last write deadline
+	}
+}
+
+// waitUntil polls cond until it holds, or fails the test after 20 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/embcache/embcache/payload"
 )
@@ -33,7 +34,15 @@ type Server struct {
 	token        string
 	tenantTokens map[string]string // token -> the one tenant it may pull
 	logger       *slog.Logger
+	writeStall   time.Duration
 }
+
+// DefaultWriteStall is how long a body's write may wait for a client that
+// does not read (WithWriteStall).
+const DefaultWriteStall = 30 * time.Second
+
+// writeChunk is how much of a body goes out under one write deadline.
+const writeChunk = 4 << 20
 
 // ServerOption configures a Server.
 type ServerOption func(*Server)
@@ -53,12 +62,18 @@ func WithTenantToken(tenant, token string) ServerOption {
 	}
 }
 
+// WithWriteStall bounds how long the body's write waits for a client that
+// stops reading (default DefaultWriteStall): past it the connection is
+// dropped, and with it the value's mapping the handler held (it held it
+// until the client went away).
+func WithWriteStall(d time.Duration) ServerOption { return func(s *Server) { s.writeStall = d } }
+
 // WithLogger sets where the server logs failures (default: slog.Default()).
 func WithLogger(l *slog.Logger) ServerOption { return func(s *Server) { s.logger = l } }
 
 // NewServer returns a handler serving src.
 func NewServer(src Source, opts ...ServerOption) *Server {
-	s := &Server{src: src, logger: slog.Default()}
+	s := &Server{src: src, logger: slog.Default(), writeStall: DefaultWriteStall}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -109,8 +124,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodHead {
 		return
 	}
-	if _, err := w.Write(blob.Data); err != nil {
-		s.logger.Debug("httppull: client went away", "object", obj.String(), "err", err)
+	rc := http.NewResponseController(w)
+	defer rc.SetWriteDeadline(time.Time{}) // not the next request's on this connection
+	for data := blob.Data; len(data) > 0; {
+		n := min(len(data), writeChunk)
+		rc.SetWriteDeadline(time.Now().Add(s.writeStall)) // an error: a writer without deadlines
+		if _, err := w.Write(data[:n]); err != nil {
+			s.logger.Debug("httppull: client went away or stopped reading", "object", obj.String(), "err", err)
+			return
+		}
+		data = data[n:]
 	}
 }
 
