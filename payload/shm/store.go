@@ -189,12 +189,12 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	if written {
 		s.noteReceived(final) // hashed as it was written: its first map need not hash it
 	}
-	return s.placed(obj, size, sum, written, err)
+	return s.placed(obj, size, sum, err)
 }
 
 // placed is the Location after a write: of the file written, or of the
 // same bytes another writer put in place first.
-func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, _ bool, err error) (payload.Location, error) {
+func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, err error) (payload.Location, error) {
 	if err != nil {
 		return payload.Location{}, err
 	}
@@ -238,7 +238,7 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 	if written {
 		s.noteReceived(final)
 	}
-	return s.placed(obj, size, sum, written, err)
+	return s.placed(obj, size, sum, err)
 }
 
 // Receive's chunks: how much is read at a time (it stays in the CPU cache
