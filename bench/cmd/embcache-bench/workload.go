@@ -306,6 +306,13 @@ func runWorkers(ctx context.Context, self string, base dedupConfig, cpu cpuClock
 			return nil, 0, 0, fail(p, fmt.Errorf("worker did not get ready: %w", err))
 		}
 	}
+	if dir := os.Getenv(cpuProfileEnv); dir != "" { // the embedded servers run in this process
+		stop, err := startCPUProfile(filepath.Join(dir, base.System+"-servers.pprof"))
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		defer stop()
+	}
 	cpu0, cpuErr := cpu()
 	start := time.Now()
 	for _, p := range procs {
@@ -379,8 +386,9 @@ func startRedis(ctx context.Context, dir string) (addr string, pid int, stop fun
 }
 
 // cpuProfileEnv names a directory where each worker process writes a CPU
-// profile of its run (<system>-<proc>.pprof), for finding where a
-// system's requests spend their time.
+// profile of its run (<system>-<proc>.pprof), and the bench process, which
+// runs the embedded NATS servers, its own (<system>-servers.pprof), for
+// finding where a system's requests spend their time.
 const cpuProfileEnv = "EMBCACHE_BENCH_CPUPROFILE"
 
 // startCPUProfile profiles this process's CPU into path until stop.
