@@ -117,6 +117,7 @@ type tracker struct {
 	handled []atomic.Uint64                     // per shard, the stream sequence of the last message the loop handled
 	owes    atomic.Bool                         // set by owe: the loop gave up a marker's eviction
 	sweepFn func(context.Context) (done bool)
+	ticks   <-chan time.Time // when to take a mark; nil: every progressEvery (a test's own)
 
 	// Read and written by run alone.
 	marks   []time.Time  // per shard: every message stored before it was handled (or its value swept)
@@ -205,13 +206,17 @@ func (t *tracker) run(ctx context.Context) {
 	if !t.record(ctx, t.start) {
 		return
 	}
-	tick := time.NewTicker(t.r.progressEvery())
-	defer tick.Stop()
+	ticks := t.ticks
+	if ticks == nil {
+		tick := time.NewTicker(t.r.progressEvery())
+		defer tick.Stop()
+		ticks = tick.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-ticks:
 		case e := <-ended:
 			t.running = false
 			if e.done {
