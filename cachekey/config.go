@@ -3,6 +3,7 @@ package cachekey
 import (
 	"fmt"
 	"math"
+	"unicode/utf8"
 )
 
 // Modality is the kind of input an encoder consumes.
@@ -130,6 +131,11 @@ func (c *PreprocessingConfig) Validate() error {
 	} {
 		if len(f.v) > MaxStringLen {
 			return bad(f.name, "longer than %d bytes", MaxStringLen)
+		}
+		if !utf8.ValidString(f.v) {
+			// JSON cannot carry it: the same config would key otherwise
+			// through DecodeConfig (which refuses it) than here.
+			return bad(f.name, "not valid UTF-8")
 		}
 	}
 	for _, f := range []struct {

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxConfigBytes bounds a config's JSON text: the largest valid config
@@ -108,6 +109,9 @@ func decodeField(v reflect.Value, raw json.RawMessage) error {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return errors.New("want a string")
 		}
+		if err := exactString(raw); err != nil {
+			return err
+		}
 		v.SetString(s)
 	case int64:
 		n, err := exactInt(raw)
@@ -176,4 +180,41 @@ func exactInt(raw []byte) (int64, error) {
 		return 0, fmt.Errorf("%s: want an integer", raw)
 	}
 	return n, nil
+}
+
+// exactString refuses a JSON string (raw, quotes included, already known
+// to decode) that encoding/json would decode to other text than it
+// spells: bytes that are not UTF-8, or a \u escape of half a surrogate
+// pair without its other half. Both decode to U+FFFD, so two different
+// model paths (Python spells an undecodable file name's bytes as lone
+// surrogates) would take one key: a silent false hit.
+func exactString(raw []byte) error {
+	if !utf8.Valid(raw) {
+		return errors.New("not valid UTF-8")
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++
+		if raw[i] != 'u' {
+			continue
+		}
+		r, _ := strconv.ParseUint(string(raw[i+1:i+5]), 16, 32) // decoded: 4 hex digits
+		i += 4
+		switch {
+		case r >= 0xdc00 && r < 0xe000:
+			return errors.New("a \\u escape of a lone low surrogate (not text)")
+		case r >= 0xd800 && r < 0xdc00:
+			if i+6 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+				return errors.New("a \\u escape of a lone high surrogate (not text)")
+			}
+			lo, _ := strconv.ParseUint(string(raw[i+3:i+7]), 16, 32)
+			if lo < 0xdc00 || lo >= 0xe000 {
+				return errors.New("a \\u escape of a lone high surrogate (not text)")
+			}
+			i += 6
+		}
+	}
+	return nil
 }

@@ -53,11 +53,36 @@ func TestDecodeConfig(t *testing.T) {
 		{"number string", edit(`"model_id":"Qwen/Qwen2.5-Omni-7B"`, `"model_id":7`), "model_id"},
 		{"not an object", `[1,2]`, "object"},
 		{"too big", `{"model_id":"` + strings.Repeat("x", MaxConfigBytes) + `"}`, "bytes of JSON"},
+		// Each decoded to U+FFFD, the same key as any other (a helper's hunt).
+		{"not UTF-8", edit(`"model_id":"Qwen/`, "\"model_id\":\"Qwen\xff/"), "model_id"},
+		{"lone low surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\udce9/`), "model_id"},
+		{"lone high surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\ud83d/`), "model_id"},
+		{"high surrogate at the end", edit(`"crop_mode":"center"`, `"crop_mode":"center\ud83d"`), "crop_mode"},
+		{"high then not low", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\ud83d\u0041/`), "model_id"},
 	} {
 		_, err := DecodeConfig([]byte(tc.text))
 		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: %v, want ErrInvalidConfig naming %s", tc.name, err, tc.field)
 		}
+	}
+}
+
+// TestDecodeConfigText: a string's escapes and a surrogate pair decode to
+// the text they spell, the key of the same config given in Go; a config
+// given in Go with a string that is not UTF-8 is refused, as its JSON is.
+func TestDecodeConfigText(t *testing.T) {
+	want := imageConfig()
+	want.ModelID = "Qwen/caf\u00e9-\U0001F600\ufffd"
+	good := configText(t, imageConfig())
+	text := strings.Replace(good, `"model_id":"Qwen/Qwen2.5-Omni-7B"`, `"model_id":"Qwen\/caf\u00e9-\ud83d\ude00\ufffd"`, 1)
+	got, err := DecodeConfig([]byte(text))
+	if err != nil || got.ModelID != want.ModelID {
+		t.Fatalf("%q %v, want %q", got.ModelID, err, want.ModelID)
+	}
+	bad := imageConfig()
+	bad.ModelID = "Qwen\xff"
+	if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "model_id") {
+		t.Fatalf("Validate of a model_id that is not UTF-8: %v", err)
 	}
 }
 
