@@ -102,13 +102,13 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
             raise InvalidValue(f"torch dtype {t.dtype} has no embcache name")
         return t.numpy().data, name, tuple(t.shape)
     if _np is not None and isinstance(value, _np.ndarray):
-        a = _np.ascontiguousarray(value)
+        a = _np.ascontiguousarray(value)  # at least 1-d: the shape is value's (a 0-d array is not [x])
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
         np_name = dtype or _FROM_NUMPY.get(a.dtype.name)
         if np_name is None:
             raise InvalidValue(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
-        return a.data, np_name, tuple(shape) if shape is not None else tuple(a.shape)
+        return a.data, np_name, tuple(shape) if shape is not None else tuple(int(d) for d in value.shape)
     if isinstance(value, (bytes, bytearray, memoryview)) and dtype is not None and shape is not None:
         return value, dtype, tuple(shape)
     raise InvalidValue(f"a value of type {type(value).__name__}: want a numpy array, a torch tensor, Tensor, "

@@ -70,6 +70,28 @@ class KeyParityTest(unittest.TestCase):
                 changed |= set(change)
         self.assertEqual(changed, {f.name for f in dataclasses.fields(EncoderPreprocessingConfig)})
 
+    def test_a_scalar_is_not_a_list_of_one(self):
+        # numpy's ascontiguousarray makes a 0-d array 1-d: the two took one
+        # key, and the value came back as [x] (a helper's hunt found it).
+        import numpy as np
+        cfg = harness.config()
+        scalar = self.cache.key_from_decoded_tensor(cfg, np.array(3.0, np.float32))
+        one = self.cache.key_from_decoded_tensor(cfg, np.array([3.0], np.float32))
+        same = self.cache.key_from_decoded_tensor(cfg, np.float32(3.0).tobytes(), dtype="float32", shape=())
+        self.assertNotEqual(scalar.key, one.key)
+        self.assertEqual(scalar.key, same.key)
+
+    def test_a_string_that_is_not_text_is_refused(self):
+        # Python writes an undecodable file name's byte as a lone surrogate;
+        # decoded leniently, two model paths took one key.
+        import os
+        for name in (os.fsdecode(b"/models/caf\xe9"), os.fsdecode(b"/models/caf\xe8")):
+            with self.subTest(model_id=name):
+                with self.assertRaises(APIError) as e:
+                    self.cache.key_from_raw_bytes(dataclasses.replace(harness.config(), model_id=name), b"x")
+                self.assertEqual(e.exception.status, 400)
+                self.assertIn("model_id", str(e.exception))
+
     def test_bad_config_is_refused(self):
         with self.assertRaises(APIError) as e:
             self.cache.key_from_raw_bytes(harness.config(tenant="a.b"), b"x")
