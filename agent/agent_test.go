@@ -226,18 +226,20 @@ func TestKeyRejectsMissingField(t *testing.T) {
 // TestReserveSlotCommitHit: the first lookup reserves; the tensor written
 // into a slot is committed; every later lookup, on this agent and another,
 // maps the same bytes.
-// The slot directory is set-group-ID (and 0770): a slot a client makes
-// belongs to the directory's group, by which the agent reads it. (Chmod
-// with 0o2770 left the bit off: Go's FileMode has its own bit for it; a
-// new user's walkthrough found it.)
+// The slot directory is set-group-ID, sticky and 0730: a slot a client
+// makes belongs to the directory's group, by which the agent reads it,
+// and its other members can neither list the slots nor remove another's.
+// (Chmod with 0o2770 left the bit off: Go's FileMode has its own bit for
+// it; a new user's walkthrough found it. 0770 let the group list and
+// replace any slot: a helper's hunt found it.)
 func TestSlotDirectoryIsSetGroupID(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	fi, err := os.Stat(n.slots)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode()&os.ModeSetgid == 0 || fi.Mode().Perm() != 0o770 {
-		t.Fatalf("slot directory %s: mode %v, want set-group-ID and 0770", n.slots, fi.Mode())
+	if fi.Mode()&os.ModeSetgid == 0 || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o730 {
+		t.Fatalf("slot directory %s: mode %v, want set-group-ID, sticky and 0730", n.slots, fi.Mode())
 	}
 }
 

@@ -112,6 +112,16 @@ func WithMaxBody(n int64) Option {
 // New returns the API of cache, whose values are served from store. The
 // cache's payload router must have store as its node store (payload.WithNodeStore) so that committed values land
 // in it.
+// slotDirMode is the slot directory's. Set-group-ID: a slot a client
+// makes (0640) belongs to the directory's group, which the agent reads it
+// by and whose other members cannot write it. The group may create files
+// and open one by its name (random, told only to its connection) but not
+// list them (-wx), and, sticky, not remove or rename another's: so a
+// client of another user cannot write a slot the agent made (0660, a
+// connection's key slot), nor put its own file in the place of another
+// client's slot before its commit.
+const slotDirMode = 0o730 | os.ModeSetgid | os.ModeSticky
+
 func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, error) {
 	if cache == nil || store == nil {
 		return nil, errors.New("agent: a cache and an shm store are required")
@@ -127,12 +137,10 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(s.slotDir, 0o770); err != nil {
+	if err := os.MkdirAll(s.slotDir, slotDirMode.Perm()); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
-	// Set-group-ID: a slot a client makes (0640) belongs to the directory's
-	// group, whose members cannot write it, and which the agent reads it by.
-	if err := os.Chmod(s.slotDir, 0o770|os.ModeSetgid); err != nil {
+	if err := os.Chmod(s.slotDir, slotDirMode); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
 	// Slots of an agent that was killed: no connection of this one owns them.
@@ -517,7 +525,7 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 	path := filepath.Join(s.slotDir, name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660) // the socket's group may write it
 	if err == nil {
-		err = f.Truncate(req.Size)
+		err = errors.Join(f.Chmod(0o660), f.Truncate(req.Size)) // whatever the agent's umask
 		f.Close()
 	}
 	if err != nil {

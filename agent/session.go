@@ -338,6 +338,10 @@ func createKeySlot(path string, size int64) (slotMapping, error) {
 		return slotMapping{}, err
 	}
 	defer f.Close()
+	if err := f.Chmod(0o660); err != nil { // whatever the agent's umask
+		os.Remove(path)
+		return slotMapping{}, err
+	}
 	// Allocated now: a sparse file on a full tmpfs would fault (SIGBUS) in
 	// the client writing it; this way the call fails (503 no_space).
 	if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
