@@ -144,6 +144,13 @@ class Mappings:
                 return hit[0]
         mm, ident = map_file(file, need, mmap.ACCESS_READ)
         size = len(mm)
+        # The file ends with the checksum of its encoding (docs/protocol.md
+        # 2.3), which the agent verified: a file replaced since the answer
+        # (the key computed again, to other bytes) is not this value.
+        if size < 32 or mm[size - 32:] != bytes.fromhex(checksum):
+            mm.close()
+            raise EmbcacheError(f"hit file {file} no longer holds the value the agent answered (checksum {checksum}): "
+                                "replaced since; ask again")
         with self._lock:
             old = self._lru.pop(file, None)
             if old is not None:

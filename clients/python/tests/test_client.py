@@ -249,5 +249,24 @@ class PassThroughTest(unittest.TestCase):
             EmbeddingCache("/run/a.sock", enabled="false")
 
 
+class MappingsTest(unittest.TestCase):
+    def test_a_replaced_file_is_not_the_answers_value(self):
+        # A file replaced between the agent's answer and the map (the key
+        # computed again, to other bytes) was mapped, and kept, under the
+        # answer's checksum (a helper's hunt found it).
+        from embcache.values import Mappings
+        from embcache import EmbcacheError
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        path = os.path.join(d, "value")
+        good, other = bytes(range(32)), bytes(32)
+        with open(path, "wb") as f:
+            f.write(b"encoding" + good)
+        m = Mappings(1 << 20)
+        with self.assertRaisesRegex(EmbcacheError, "no longer holds"):
+            m.get(path, other.hex(), 8)
+        mm, _ = m.get(path, good.hex(), 8)
+        self.assertEqual(mm[:8], b"encoding")
+
 if __name__ == "__main__":
     unittest.main()
