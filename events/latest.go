@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,25 +19,21 @@ import (
 // Latest reads what the stream's last events of tenant's key say of its
 // value: the newest published or touched event (its location, model and
 // epoch), and whether that value is live in the stream's eyes: no evicted
-// or abandoned event of it came after it. An event that does not decode
-// counts as absent. ok is false when the stream has no published or
-// touched event of the key.
+// event of it came after it. An event that does not decode counts as
+// absent. ok is false when the stream has no published or touched event
+// of the key.
 //
 // "Of it": the stream orders a key's events by when they were stored, and
-// an ending of an earlier value can be stored late (a process that
+// an eviction of an earlier value can be stored late (a process that
 // published it after a reconnect): an evicted event naming other bytes
-// than the newest value's, or an abandoned event made more than
-// eventClockSkew before it (a compute that failed before this value's was
-// committed), does not end it.
+// than the newest value's does not end it. An abandoned event ends
+// nothing: a compute fails before it commits, so it published no value,
+// and it could reserve the key only once the value before it was gone,
+// whose eviction is still to be announced.
 func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey.Key) (e Entry, live, ok bool, err error) {
-	var newest uint64 // stream sequence
-	var newestEv Event
-	type ending struct {
-		seq uint64
-		ev  Event
-	}
-	var endings []ending
-	for _, kind := range []Kind{KindPublished, KindTouched, KindEvicted, KindAbandoned} {
+	var newest, evicted uint64 // stream sequences
+	var newestEv, evictedEv Event
+	for _, kind := range []Kind{KindPublished, KindTouched, KindEvicted} {
 		ev := Event{Kind: kind, Tenant: tenant, Key: key}
 		m, err := s.GetLastMsgForSubject(ctx, ev.Subject())
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -51,50 +46,34 @@ func Latest(ctx context.Context, s jetstream.Stream, tenant string, key cachekey
 		if derr != nil || got.Kind != kind || got.Tenant != tenant || got.Key != key {
 			continue
 		}
-		switch kind {
-		case KindPublished, KindTouched:
-			if m.Sequence > newest {
-				newest, newestEv = m.Sequence, got
-				e = entryOf(got)
-			}
-		default:
-			endings = append(endings, ending{m.Sequence, got})
+		switch {
+		case kind == KindEvicted:
+			evicted, evictedEv = m.Sequence, got
+		case m.Sequence > newest:
+			newest, newestEv = m.Sequence, got
+			e = entryOf(got)
 		}
 	}
 	if newest == 0 {
 		return Entry{}, false, false, nil
 	}
-	for _, end := range endings {
-		if end.seq > newest && ends(end.ev, newestEv) {
-			return e, false, true, nil
-		}
+	if evicted > newest && ends(evictedEv, newestEv) {
+		return e, false, true, nil
 	}
 	return e, true, true, nil
 }
 
-// ends reports whether the ending end (evicted or abandoned), stored
-// after the value's published or touched event v, ends that value: not an
-// evicted event naming other bytes, nor an abandoned event made more than
-// eventClockSkew before v (both are an earlier value's, stored late).
+// ends reports whether the evicted event end, stored after the value's
+// published or touched event v, ends that value: not one naming other
+// bytes (an earlier value's, stored late).
 func ends(end, v Event) bool {
-	switch {
-	case end.Kind == KindEvicted && end.Location != nil && v.Location != nil && end.Location.Checksum != v.Location.Checksum:
-		return false
-	case end.Kind == KindAbandoned && end.Time.Add(eventClockSkew).Before(v.Time):
-		return false
-	}
-	return true
+	return end.Location == nil || v.Location == nil || end.Location.Checksum == v.Location.Checksum
 }
 
 // entryOf is what a published or touched event says of its value.
 func entryOf(v Event) Entry {
 	return Entry{Tenant: v.Tenant, Key: v.Key, Model: v.Model, Epoch: v.Epoch, Location: *v.Location, Expires: v.Expires}
 }
-
-// eventClockSkew bounds how far the clocks of the processes that stamp
-// events may disagree (docs/protocol.md 3.1 assumes as much for lease
-// TTLs).
-const eventClockSkew = time.Second
 
 // Scan calls fn with every event the stream holds of kinds (every kind if
 // none), in stream order, up to the last one there at the time of the

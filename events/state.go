@@ -39,9 +39,9 @@ type held struct {
 func NewState() *State { return &State{entries: make(map[payload.ObjectID]held)} }
 
 // Apply folds one event in. Applying the same events twice in the same
-// order gives the same state. An evicted or abandoned event ends a value
-// as Latest judges it: not one naming other bytes, nor one made before
-// the value's (an earlier value's ending, stored late).
+// order gives the same state. An evicted event ends a value as Latest
+// judges it: not one naming other bytes (an earlier value's, stored
+// late); an abandoned event ends none (a failed compute published none).
 func (s *State) Apply(e Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -54,7 +54,7 @@ func (s *State) Apply(e Event) {
 			entry.Expires = old.Expires // a late touch never shortens a life
 		}
 		s.entries[id] = held{entry, e}
-	case KindEvicted, KindAbandoned:
+	case KindEvicted:
 		if h, ok := s.entries[id]; ok && ends(e, h.by) {
 			delete(s.entries, id)
 		}

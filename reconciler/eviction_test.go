@@ -2,10 +2,12 @@ package reconciler_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/reconciler"
@@ -54,4 +56,42 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	if _, err := e.store.Get(ctx, loc2); err != nil {
 		t.Fatalf("a live committed record names a payload the reconciler deleted: %v", err)
 	}
+}
+
+// A value whose key is computed again after it expired, and whose new
+// compute fails (abandoned), is still announced when the loop reaches its
+// marker, and its payload deleted: the abandon is the later compute's,
+// which published nothing. (An abandon within a second after the value's
+// publish counted as its end: the expiry was never announced; a helper's
+// hunt found it.)
+func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
+	e := newWorld(t)
+	blocked := e.commit(0, time.Second)
+	d := &blockingDeleter{store: e.store, object: blocked.Object}
+	r, _ := e.reconciler(d, reconciler.WithOpTimeout(4*time.Second))
+	waitFor(t, "active", func() bool { return r.Stats().Active })
+	loc := e.commit(1, time.Second)
+	waitFor(t, "the loop busy in a payload delete", d.entered.Load)
+	waitFor(t, "value 1 expired", func() bool { return !e.record(1).Live })
+
+	// A worker reserves key 1 again; its encoder fails: it purges its
+	// reservation and says so.
+	ctx := context.Background()
+	kv := lease.ValueKey(tenant, keyOf(1))
+	now := time.Now()
+	rev, err := e.b.Create(ctx, kv, lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: "w2/1/y", Nonce: "y",
+		Started: now, Heartbeat: now, Model: "m", Epoch: 1}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.b.Purge(ctx, kv, rev); err != nil { // as Lease.Abandon
+		t.Fatal(err)
+	}
+	e.publish(&events.Event{Kind: events.KindAbandoned, Tenant: tenant, Key: keyOf(1), Model: "m", Epoch: 1, Node: "w2",
+		Time: time.Now(), Reason: "encoder down"})
+	waitFor(t, "value 1's eviction", func() bool { return e.evicted(1) })
+	waitFor(t, "value 1's payload deleted", func() bool {
+		_, err := e.store.Get(ctx, loc)
+		return errors.Is(err, payload.ErrNotFound)
+	})
 }
