@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/natstest"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
@@ -246,5 +248,17 @@ func TestAForeignLocationDeletesNothing(t *testing.T) {
 	}
 	if _, err := store.Get(ctx, genuine); err != nil {
 		t.Fatalf("beta's payload is gone after acme's invalidation: %v", err)
+	}
+}
+
+// A store TTL outside 1s..24h is refused by name: a value's last event
+// must outlive it in the event stream (events.MaxStoreTTL), or its expiry
+// finds nothing to say where its payload is.
+func TestStoreTTLOutOfRangeIsRefused(t *testing.T) {
+	nc := natstest.Connect(t, natstest.Server(t).ClientURL())
+	for _, d := range []time.Duration{0, 500 * time.Millisecond, events.MaxStoreTTL + time.Second, 48 * time.Hour} {
+		if _, err := New(context.Background(), nc, WithStoreTTL(d)); !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "store TTL") {
+			t.Errorf("store TTL %v: %v, want ErrInvalidOption naming it", d, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
@@ -176,11 +177,12 @@ func WithLeaseTTL(d time.Duration) Option {
 }
 
 // WithStoreTTL sets how long a committed record (and so its payload) lives
-// (default 1h).
+// (default 1h), from 1s to events.MaxStoreTTL (24h: a value's last event
+// must outlive it in the stream).
 func WithStoreTTL(d time.Duration) Option {
 	return func(s *settings) error {
-		if d < time.Second {
-			return fmt.Errorf("%w: store TTL must be >= 1s, got %v", ErrInvalidOption, d)
+		if d < time.Second || d > events.MaxStoreTTL {
+			return fmt.Errorf("%w: store TTL must be 1s to %v, got %v", ErrInvalidOption, events.MaxStoreTTL, d)
 		}
 		s.storeTTL = d
 		return nil

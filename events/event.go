@@ -128,6 +128,10 @@ func (e *Event) Validate() error {
 		if e.Location == nil || e.Expires.IsZero() {
 			return fmt.Errorf("%w: %v without location or expiry", ErrBadEvent, e.Kind)
 		}
+		if e.Expires.Sub(e.Time) > MaxStoreTTL {
+			return fmt.Errorf("%w: %v expires %v after its time, more than the longest store TTL (%v)", ErrBadEvent, e.Kind,
+				e.Expires.Sub(e.Time), MaxStoreTTL)
+		}
 		if err := e.Location.Validate(); err != nil {
 			return fmt.Errorf("%w: %v", ErrBadEvent, err)
 		}

@@ -73,11 +73,14 @@ func TestEncodeDecode(t *testing.T) {
 		}
 	}
 	for name, e := range map[string]*Event{
-		"no time":      {Kind: KindAbandoned, Tenant: "acme"},
-		"kind":         {Kind: 9, Tenant: "acme", Time: now},
-		"tenant":       {Kind: KindAbandoned, Tenant: "a.b", Time: now},
-		"no location":  {Kind: KindPublished, Tenant: "acme", Expires: now, Time: now},
-		"no cause":     {Kind: KindEvicted, Tenant: "acme", Time: now},
+		"no time":     {Kind: KindAbandoned, Tenant: "acme"},
+		"kind":        {Kind: 9, Tenant: "acme", Time: now},
+		"tenant":      {Kind: KindAbandoned, Tenant: "a.b", Time: now},
+		"no location": {Kind: KindPublished, Tenant: "acme", Expires: now, Time: now},
+		"no cause":    {Kind: KindEvicted, Tenant: "acme", Time: now},
+		// Past the longest store TTL: a year-3000 expiry overflowed the
+		// record's TTL, which expired at once (a helper's hunt).
+		"far expiry":   published("acme", 1, now.Add(MaxStoreTTL+time.Second)),
 		"invalidation": {Kind: KindInvalidated, Tenant: "acme", Model: "m", Epoch: 3, Key: key(1), Time: now},
 	} {
 		if _, err := Encode(e); !errors.Is(err, ErrBadEvent) {

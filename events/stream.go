@@ -21,6 +21,13 @@ const (
 	MaxBytes = 1 << 30
 )
 
+// MaxStoreTTL is the longest store TTL a value may have: its last event
+// must outlive it in the stream (MaxAge), or its expiry would find no
+// event to say where its payload is. A published or touched event whose
+// expiry is further than this past its own time is bad (a far-future
+// expiry overflowed the record's TTL, which then expired at once).
+const MaxStoreTTL = MaxAge - time.Hour
+
 // EnsureStream creates the stream if it is absent and returns it.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
 	s, err := js.Stream(ctx, StreamName)
