@@ -72,7 +72,9 @@ func (b *Bucket) Invalidated(ctx context.Context, key string, rec Record) (bool,
 
 // Tombstone returns the revision of the tombstone of tenant's model and
 // epoch in shard, or 0 if there is none, read from the stream leader (a
-// direct get with BucketConfig.Direct: see docs/protocol.md 4.4).
+// direct get with BucketConfig.Direct: see docs/protocol.md 4.4) by a read
+// sent after the call: callers that ask for the same tombstone at once
+// share reads, but never one sent before they asked.
 func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string, epoch uint64) (uint64, error) {
 	if model == "" {
 		return 0, nil // nothing can invalidate it
@@ -81,15 +83,17 @@ func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string,
 		return 0, fmt.Errorf("lease: no shard %d in a bucket of %d", shard, len(b.shards))
 	}
 	key := TombstoneKey(tenant, model, epoch)
-	tomb, err := b.readIn(ctx, shard, key)
-	if err != nil {
-		return 0, err
-	}
-	if !tomb.Live {
-		return 0, nil
-	}
-	if tomb.Record.State != StateInvalidated {
-		return 0, fmt.Errorf("%w: %s is not a tombstone", ErrBadRecord, key)
-	}
-	return tomb.Rev, nil
+	return b.tombs.do(ctx, sharedReadID{shard, key}, func(ctx context.Context) (uint64, error) {
+		tomb, err := b.readIn(ctx, shard, key)
+		if err != nil {
+			return 0, err
+		}
+		if !tomb.Live {
+			return 0, nil
+		}
+		if tomb.Record.State != StateInvalidated {
+			return 0, fmt.Errorf("%w: %s is not a tombstone", ErrBadRecord, key)
+		}
+		return tomb.Rev, nil
+	})
 }

@@ -1,0 +1,78 @@
+package lease
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// Callers that ask for a tombstone while a read of it is in flight share
+// the next read, sent after that one is answered: never the one in flight,
+// which may have left before an invalidation they must see.
+func TestSharedReadsAnswerEachCallerWithALaterRead(t *testing.T) {
+	var s sharedReads
+	id := sharedReadID{0, "acme.inv.x"}
+	var mu sync.Mutex
+	reads := 0
+	release := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	started := make(chan int, 3)
+	read := func(context.Context) (uint64, error) {
+		mu.Lock()
+		reads++
+		n := reads
+		mu.Unlock()
+		started <- n
+		<-release[n-1]
+		return uint64(n), nil // the read's number: later reads see later state
+	}
+	ctx := context.Background()
+	got := make(chan [2]uint64, 4) // caller, answer
+	call := func(caller uint64) { rev, _ := s.do(ctx, id, read); got <- [2]uint64{caller, rev} }
+	joined := func(n int) { // polls the group: no caller order is assumed
+		for {
+			s.mu.Lock()
+			g := s.groups[id]
+			ok := g != nil && g.next != nil && g.next.joiners == n
+			s.mu.Unlock()
+			if ok {
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	go call(1)
+	if n := <-started; n != 1 {
+		t.Fatalf("read %d first", n)
+	}
+	go call(2)
+	go call(3)
+	joined(2) // callers 2 and 3 wait for the next read
+	close(release[0])
+	if a := <-got; a != [2]uint64{1, 1} {
+		t.Fatalf("caller 1 got %v, want read 1", a)
+	}
+	if n := <-started; n != 2 { // sent once read 1 was answered
+		t.Fatalf("read %d second", n)
+	}
+	go call(4) // read 2 is in flight: caller 4 needs read 3
+	joined(1)
+	close(release[1])
+	for range 2 {
+		if a := <-got; a[1] != 2 || (a[0] != 2 && a[0] != 3) {
+			t.Fatalf("callers 2 and 3 got %v, want read 2", a)
+		}
+	}
+	if n := <-started; n != 3 {
+		t.Fatalf("read %d third", n)
+	}
+	close(release[2])
+	if a := <-got; a != [2]uint64{4, 3} {
+		t.Fatalf("caller 4 got %v, want read 3", a)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.groups) != 0 || reads != 3 {
+		t.Fatalf("after the reads: %d groups left, %d reads", len(s.groups), reads)
+	}
+}
