@@ -13,6 +13,7 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/zeebo/blake3"
@@ -23,7 +24,8 @@ const (
 	modeBurst = "burst" // G goroutines get-or-compute keys 0..K-1; prints one result line per key
 	modeHold  = "hold"  // reserve key 0 through GetOrCompute; fn blocks until stdin says "finish"
 	modeGet   = "get"   // get-or-compute key 0 once; print the result line
-	modeFault = "fault" // the fault-injection workload: a history on stdout (faults_test.go)
+	modeFault  = "fault"  // the fault-injection workload: a history on stdout (faults_test.go)
+	modeServer = "server" // an embedded NATS server on EMBCACHE_STORE and EMBCACHE_PORT; prints "ready", runs until killed
 )
 
 // result is what a worker prints per key, one JSON object a line.
@@ -66,8 +68,11 @@ func sum(v *payload.Value) string {
 // runWorker is main() of a worker process. It reports computes by
 // appending "<key>\n" to EMBCACHE_COMPUTES (O_APPEND: atomic per line).
 func runWorker(mode string) int {
-	if mode == modeFault {
+	switch mode {
+	case modeFault:
 		return runFaultWorker()
+	case modeServer:
+		return runServer()
 	}
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) int {
@@ -175,4 +180,22 @@ func runWorker(mode string) int {
 		return 0
 	}
 	return fail(fmt.Errorf("unknown worker mode %q", mode))
+}
+
+// runServer is main() of a server process: a test kills it (SIGKILL) to
+// stop the server uncleanly.
+func runServer() int {
+	port, err := strconv.Atoi(os.Getenv("EMBCACHE_PORT"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "EMBCACHE_PORT:", err)
+		return 1
+	}
+	srv, err := embedded.Start(embedded.Options{StoreDir: os.Getenv("EMBCACHE_STORE"), Port: port})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer srv.Shutdown()
+	fmt.Println("ready")
+	select {}
 }
