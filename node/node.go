@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/embcache/embcache/coordinator"
@@ -194,7 +196,14 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	}
 	adv := o.Advertise
 	if adv == "" {
-		adv = "http://" + l.Addr().String()
+		if adv, err = advertiseOf(l.Addr()); err != nil {
+			l.Close()
+			return nil, err
+		}
+		if adv != "http://"+l.Addr().String() {
+			o.Logger.Info("embcache: payload server advertised at this host's name (--advertise to say otherwise)",
+				"listen", l.Addr().String(), "advertise", adv)
+		}
 	}
 	tr, err := httppull.NewTransport(o.Name, adv, n.store, topts...)
 	if err != nil {
@@ -206,6 +215,21 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	n.addr = l.Addr().String()
 	go n.server.Serve(l)
 	return tr, nil
+}
+
+// advertiseOf is the URL other nodes pull from a listener at addr: its
+// address, or, for one on every address (":7070", "0.0.0.0:7070"), whose
+// address no other machine can connect to, this host's name.
+func advertiseOf(addr net.Addr) (string, error) {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || !tcp.IP.IsUnspecified() {
+		return "http://" + addr.String(), nil
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		return "", fmt.Errorf("payload listener %s listens on every address and this host has no name (%v): set Advertise (--advertise http://HOST:%d)", addr, err, tcp.Port)
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port)), nil
 }
 
 // Ready waits until the Cache reaches the KV bucket, so that computes are

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go/jetstream"
@@ -342,4 +345,28 @@ func TestTheConnectionsLossAndReturnAreLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs.wait(t, "NATS connection back")
+}
+
+// A payload server on every address (":0", as docs/agent.md's ":7070")
+// is advertised at this host's name: "http://[::]:7070" (what it was)
+// names the puller's own machine (a new user's walkthrough found it).
+func TestAWildcardPayloadListenerIsAdvertisedAtTheHostsName(t *testing.T) {
+	srv := startServer(t)
+	n := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "a", ShmDir: filepath.Join(t.TempDir(), "shm"), PayloadListen: ":0"})
+	r := ref(t, "advertised")
+	computeOn(t, n, r, []byte{1, 2, 3, 4})
+	ctx := context.Background()
+	b, err := lease.BindBucket(ctx, n.Conn(), lease.BucketConfig{Name: lease.DefaultBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := b.Read(ctx, r.KVKey())
+	if err != nil || !cur.Live || cur.Record.Location == nil {
+		t.Fatalf("record: %+v %v", cur, err)
+	}
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(n.PayloadAddr())
+	if want := "http://" + net.JoinHostPort(host, port); cur.Record.Location.Address != want {
+		t.Fatalf("advertised %q, want %q", cur.Record.Location.Address, want)
+	}
 }

@@ -31,7 +31,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.user, "user", "", "NATS user")
 	fs.StringVar(&f.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
 	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
-	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>; without --payload-listen, this node's serve --payload-listen URL)")
+	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>, this host's name for a listener on every address such as :7070; without --payload-listen, this node's serve --payload-listen URL)")
 	fs.DurationVar(&o.PayloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&o.Strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
 }
