@@ -587,19 +587,30 @@ class EmbeddingCache:
         if p.tokens:
             body["tokens"] = p.tokens
         mv = _flat(p.data)
+        own = ""  # a slot file this process made, which no agent may remove
         try:
             if p.kind != "tokens":
-                body["slot"] = self._write_slot(reservation, mv)
+                body["slot"], own = self._write_slot(reservation, mv)
             self._call("POST", "/v1/commit", body, conn=conn,
                        answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
                                     request_id=reservation.request_id))
+        except BaseException:
+            # An agent that restarted since the lookup emptied the slot
+            # directory before this file was made, and knows nothing of it.
+            if own:
+                try:
+                    os.unlink(own)
+                except OSError:
+                    pass
+            raise
         finally:
             mv.release()
         self._end(reservation)
 
-    def _write_slot(self, reservation: Reservation, mv: memoryview) -> str:
+    def _write_slot(self, reservation: Reservation, mv: memoryview) -> Tuple[str, str]:
         """Writes the value's bytes into a slot file; returns the slot's
-        name for the commit. The file the lookup's answer named is made
+        name for the commit, and the file's path if this process made it
+        (a failed commit removes it). The file the lookup's answer named is made
         here (0640: the slot directory's group reads it, and no other
         process can write it; no call); an agent that named none, or a slot
         directory this process may not write to, gets one by POST
@@ -612,7 +623,7 @@ class EmbeddingCache:
                 log.debug("embcache: slot file %s: %s; asking the agent for one", reservation.slot_file, e)
             else:
                 _write_all(fd, reservation.slot_file, mv)
-                return reservation.id
+                return reservation.id, reservation.slot_file
         # A slot of another reservation would be another key's value.
         slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
                           answers={"reservation": reservation.id}, conn=reservation.conn)
@@ -622,7 +633,7 @@ class EmbeddingCache:
             except OSError as e:
                 raise AgentUnavailable(f"agent at {self.socket_path}: slot {slot['file']}: {e}") from e
             _write_all(fd, "", mv)
-        return str(slot["slot"])
+        return str(slot["slot"]), ""
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
         """Gives the reservation up: another process may compute the key."""

@@ -85,6 +85,26 @@ class AgentFailureTest(unittest.TestCase):
             strict.get_or_compute(k2, lambda: VALUE, "r1")  # the agent is gone before the lookup
         self.assertIsNone(e.exception.value)
 
+    def test_agent_restarted_mid_compute_leaves_no_slot(self):
+        # The new agent empties the slot directory when it starts, before
+        # the client makes the slot the old one named: the failed commit
+        # left that file in shared memory (a new user's walkthrough).
+        sock, proc = self.agent("n1")
+        degrade = EmbeddingCache(sock, store_unavailable_mode="degrade")
+        self.addCleanup(degrade.close)
+        key = degrade.key_from_raw_bytes(harness.config(), b"restarted")
+        slots = os.path.join(self.cluster.shm, "n1") + ".slots"
+
+        def compute_then_restart():
+            proc.kill()
+            proc.wait(10)
+            self.agent("n1")
+            return VALUE
+
+        with self.assertLogs("embcache", "WARNING"):
+            self.assertIs(degrade.get_or_compute(key, compute_then_restart, "r1"), VALUE)
+        self.assertEqual(os.listdir(slots), [])
+
     def test_agent_killed_after_lookup_strict_error_carries_value(self):
         sock, proc = self.agent("n1")
         strict = EmbeddingCache(sock, store_unavailable_mode="strict")
