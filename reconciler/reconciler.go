@@ -236,11 +236,12 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		func(e events.Event) error {
 			r.tel.EventDecoded(e.Kind)
 			var fn func()
+			var ferr error // fn's: set before applied is closed
 			switch e.Kind {
 			case events.KindTouched:
 				fn = func() { r.applyTouch(ctx, b, e) }
 			case events.KindInvalidated:
-				fn = func() { r.applyInvalidation(ctx, x, e) }
+				fn = func() { ferr = r.applyInvalidation(ctx, x, e) }
 			default:
 				return nil
 			}
@@ -256,6 +257,9 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 			}
 			select {
 			case <-applied:
+				if ferr != nil {
+					return ferr // handed back: applied again in a second
+				}
 			case <-ctx.Done():
 			}
 			return ctx.Err() // stepping down meanwhile: fn may have stopped short
@@ -669,9 +673,13 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 // event's tenant, model and epoch reserved before its tombstone in the
 // record's shard (every one, in a shard without a tombstone: an older
 // release's invalidate). A value computed since stays, also when the
-// event is delivered again.
-func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events.Event) {
+// event is delivered again. An error is a shard it could not go through
+// (a tombstone, a listing or a record unreadable): the event is handed
+// back and applied again. (It was acknowledged, and the rest of that
+// shard's records left to their readers and expiry: a helper's hunt.)
+func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events.Event) error {
 	b := x.b
+	var unfinished error
 	for shard, kv := range b.Shards() {
 		tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 		tomb, err := b.Tombstone(tctx, shard, e.Tenant, e.Model, e.Epoch)
@@ -679,29 +687,39 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events
 		if err != nil {
 			r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model,
 				"bucket", kv.Bucket(), "err", err)
+			if !errors.Is(err, lease.ErrBadRecord) { // one that does not decode will not on the next try
+				unfinished = err
+			}
 			continue
 		}
 		if tomb == 0 {
 			tomb = math.MaxUint64
 		}
-		r.invalidateShard(ctx, x, kv, tomb, e)
+		if err := r.invalidateShard(ctx, x, kv, tomb, e); err != nil {
+			unfinished = err
+		}
 	}
+	return unfinished
 }
 
 // invalidateShard carries out an invalidation in one shard: one key at a
 // time, as the lister delivers them, so nothing is held of the tenant's
 // keys.
-func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstream.KeyValue, tomb uint64, e events.Event) {
+func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstream.KeyValue, tomb uint64, e events.Event) error {
 	b := x.b
 	lister, err := kv.ListKeysFiltered(ctx, e.Tenant+".>")
 	if err != nil {
 		r.s.logger.Warn("embcache: invalidation: listing keys failed", "tenant", e.Tenant, "bucket", kv.Bucket(), "err", err)
-		return
+		return err
 	}
 	defer lister.Stop()
+	var unfinished error
 	for key := range lister.Keys() {
 		octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 		cur, err := r.read(octx, b, key)
+		if err != nil && !errors.Is(err, lease.ErrBadRecord) { // a bad record is no value of the model's: counted by read
+			unfinished = err
+		}
 		if err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
 			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb &&
 			b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated) == nil {
@@ -717,4 +735,5 @@ func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstre
 		}
 		cancel()
 	}
+	return unfinished
 }
