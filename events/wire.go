@@ -148,16 +148,16 @@ func (b *bin32) DecodeMsgpack(dec *msgpack.Decoder) error {
 // extension (-1).
 type v1Event struct {
 	V        int               `msgpack:"v"`
-	Kind     Kind              `msgpack:"kind"`
+	Kind     uintField         `msgpack:"kind"` // uintField: a Kind or uint64 wraps 261 and -1 round
 	Tenant   string            `msgpack:"tenant"`
 	Key      cachekey.Key      `msgpack:"key"`
 	Model    string            `msgpack:"model"`
-	Epoch    uint64            `msgpack:"epoch"`
+	Epoch    uintField         `msgpack:"epoch"`
 	Node     string            `msgpack:"node"`
 	Time     time.Time         `msgpack:"time"`
 	Expires  time.Time         `msgpack:"expires"`
 	Location *payload.Location `msgpack:"location"`
-	Cause    Cause             `msgpack:"cause"`
+	Cause    uintField         `msgpack:"cause"`
 	Reason   string            `msgpack:"reason"`
 }
 
@@ -286,8 +286,11 @@ func decodeV1(b []byte) (Event, error) {
 	if err := strictUnmarshal(b, &v); err != nil {
 		return Event{}, err
 	}
-	return Event{Kind: v.Kind, Tenant: v.Tenant, Key: v.Key, Model: v.Model, Epoch: v.Epoch, Node: v.Node,
-		Time: v.Time, Expires: v.Expires, Location: v.Location, Cause: v.Cause, Reason: v.Reason}, nil
+	if v.Kind > math.MaxUint8 || v.Cause > math.MaxUint8 {
+		return Event{}, badEvent(BadInvalid, "kind %d or cause %d out of range", v.Kind, v.Cause)
+	}
+	return Event{Kind: Kind(v.Kind), Tenant: v.Tenant, Key: v.Key, Model: v.Model, Epoch: uint64(v.Epoch), Node: v.Node,
+		Time: v.Time, Expires: v.Expires, Location: v.Location, Cause: Cause(v.Cause), Reason: v.Reason}, nil
 }
 
 // refuseNils refuses a nil value among fields, or in the map under key

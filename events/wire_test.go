@@ -15,6 +15,7 @@ import (
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/events/*.msgpack from the .json vectors")
@@ -216,6 +217,36 @@ func TestDecodeRefusesUnknownKeysAndTrailingBytes(t *testing.T) {
 		}
 		if e, err := Decode(b); !errors.Is(err, ErrBadEvent) {
 			t.Errorf("%s: %+v, %v", name, e, err)
+		}
+	}
+}
+
+// A version 1 body's integers out of their field's range are bad events:
+// a kind of 261 or -251 wrapped round to invalidated, an epoch of -1 to
+// 2^64-1 (a helper's hunt found it).
+func TestVersion1OutOfRangeIntegersAreBad(t *testing.T) {
+	golden, err := os.ReadFile("testdata/events/v1-invalidated.msgpack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(golden); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		field string
+		value any
+	}{{"kind", 261}, {"kind", -251}, {"epoch", -1}, {"cause", 259}} {
+		var m map[string]any
+		if err := msgpack.Unmarshal(golden, &m); err != nil {
+			t.Fatal(err)
+		}
+		m[tc.field] = tc.value
+		b, err := msgpack.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := Decode(b); !errors.Is(err, ErrBadEvent) {
+			t.Errorf("%s %v: decoded %+v, %v; want ErrBadEvent", tc.field, tc.value, e, err)
 		}
 	}
 }
