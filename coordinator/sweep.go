@@ -33,8 +33,9 @@ func (c *Cache) sweepLoop(every time.Duration) {
 	}
 }
 
-// sweepPayloads removes the shm files older than minAge whose value no
-// committed record names: the record is gone (expired, invalidated,
+// sweepPayloads removes the temp files of writers that died mid-write,
+// and the shm files older than minAge whose value no committed record
+// names: the record is gone (expired, invalidated,
 // purged) or names other bytes. A key being computed keeps its file (its
 // commit may be about to name it), and so does any file while the bucket
 // cannot be read. It returns how many files it removed. Every process of
@@ -45,7 +46,12 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 	if b == nil {
 		return 0
 	}
-	removed := 0
+	// A process killed in the middle of a Put leaves its temp file: a
+	// whole value's bytes of the node's tmpfs, which no record names.
+	removed, err := c.router.NodeStore().Sweep()
+	if err != nil {
+		c.s.logger.Warn("embcache: payload sweep: temp files", "err", err)
+	}
 	for f := range c.router.NodeStore().Files() {
 		obj, _ := f.Location.ObjectID()
 		if time.Since(f.ModTime) < minAge || (len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, obj.Tenant)) {

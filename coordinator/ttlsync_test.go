@@ -292,8 +292,9 @@ func TestOneEvictedPerEviction(t *testing.T) {
 
 // TestSweepRemovesOrphanPayloads: with no reconciler, a payload file whose
 // record expired is removed by the node's own sweep (even when its epoch
-// was invalidated since, which takes it out of every event's view); a
-// file whose record lives stays.
+// was invalidated since, which takes it out of every event's view), and
+// the temp file of a writer that died mid-write (never removed: shm's
+// Sweep had no caller); a file whose record lives stays.
 func TestSweepRemovesOrphanPayloads(t *testing.T) {
 	srv := startServer(t)
 	url := srv.ClientURL()
@@ -319,8 +320,18 @@ func TestSweepRemovesOrphanPayloads(t *testing.T) {
 	if err := short.Invalidate(ctx, "acme", "m", 1); err != nil { // both are epoch 1: ref(2)'s record stays, refused
 		t.Fatal(err)
 	}
+	// And a temp file of a writer killed in the middle of a Put (no one
+	// holds it locked, a minute old).
+	dead := filepath.Join(store.Dir(), ".tmp", "1-dead")
+	if err := os.WriteFile(dead, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if then := time.Now().Add(-2 * time.Minute); os.Chtimes(dead, then, then) != nil {
+		t.Fatal("chtimes")
+	}
 	sweeper := eventCache(t, url, store, append(shmOpts, WithPayloadSweep(100*time.Millisecond))...)
 	waitFor(t, func() bool { return sweeper.Stats().PayloadsSwept == 1 })
+	waitFor(t, func() bool { _, err := os.Stat(dead); return errors.Is(err, os.ErrNotExist) })
 	if _, err := os.Stat(store.Path(ref(1).Object())); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the expired value's file: %v", err)
 	}

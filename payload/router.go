@@ -23,6 +23,9 @@ type NodeStore interface {
 	Receive(ctx context.Context, obj ObjectID, size int64, sum Checksum, r io.Reader) (Location, error)
 	// Files lists the values' files.
 	Files() iter.Seq[StoredFile]
+	// Sweep removes the temp files of writers that died mid-write, and
+	// returns how many.
+	Sweep() (int, error)
 }
 
 // StoredFile is a value's file in a NodeStore.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -382,9 +381,16 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 	if err != nil {
 		return false, fmt.Errorf("shm: %w", err)
 	}
+	// Locked while it is written and put in place: Sweep removes only a
+	// temp file nobody holds (a writer that died: the kernel drops its
+	// lock), whatever pid namespace the writer ran in.
+	defer tmp.Close()
+	if err := unix.Flock(int(tmp.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		os.Remove(tmp.Name())
+		return false, fmt.Errorf("shm: locking the temp file: %w", err)
+	}
 	defer func() {
 		if err != nil || !written {
-			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
@@ -403,9 +409,6 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 		return false, fmt.Errorf("shm: %w", err)
 	}
 	if err := tmp.Chmod(0o444); err != nil {
-		return false, fmt.Errorf("shm: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
 		return false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
@@ -542,27 +545,48 @@ func (s *Store) Delete(_ context.Context, loc payload.Location) error {
 	return nil
 }
 
-// Sweep removes the temp files of writers that died mid-write (their pid
-// is in the file name and no longer runs) and returns how many it removed.
+// Sweep removes the temp files of writers that died mid-write and
+// returns how many it removed: a file no process holds locked (a writer
+// holds its own until it is in place; the kernel drops the lock of one
+// that died), older than tempGrace (a file just created is locked a moment
+// later). It was a file whose name's pid no longer ran, which in another
+// pid namespace (a container sharing the node's tmpfs) names another
+// process or none.
 func (s *Store) Sweep() (int, error) {
-	entries, err := os.ReadDir(filepath.Join(s.dir, tmpDir))
+	dir := filepath.Join(s.dir, tmpDir)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, fmt.Errorf("shm: %w", err)
 	}
 	n := 0
 	for _, e := range entries {
-		pidText, _, ok := strings.Cut(e.Name(), "-")
-		pid, err := strconv.Atoi(pidText)
-		if !ok || err != nil || pid <= 0 {
-			continue
+		if e.Type()&fs.ModeType != 0 {
+			continue // only regular files are temp files
 		}
-		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
-			if os.Remove(filepath.Join(s.dir, tmpDir, e.Name())) == nil {
-				n++
-			}
+		if removeIfAbandoned(filepath.Join(dir, e.Name())) {
+			n++
 		}
 	}
 	return n, nil
+}
+
+// tempGrace is how old a temp file nobody holds must be to be removed.
+const tempGrace = time.Minute
+
+func removeIfAbandoned(path string) bool {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false // its writer holds it
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || time.Since(time.Unix(st.Mtim.Unix())) < tempGrace {
+		return false
+	}
+	return os.Remove(path) == nil
 }
 
 var _ payload.Transport = (*Store)(nil)

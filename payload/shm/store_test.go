@@ -483,28 +483,46 @@ func TestDeleteWhileMapped(t *testing.T) {
 	}
 }
 
+// Sweep removes a temp file nobody holds locked once it is a minute old,
+// and never one its writer holds (a live writer in another pid namespace
+// too: the pid in a file's name decided before, and there named another
+// process or none).
 func TestSweepRemovesDeadWritersTempFiles(t *testing.T) {
 	s, _ := Open(testDir(t))
-	dead := exec.Command("true")
-	if err := dead.Run(); err != nil {
-		t.Fatal(err)
-	}
-	deadFile := filepath.Join(s.Dir(), tmpDir, strconv.Itoa(dead.Process.Pid)+"-123")
-	liveFile := filepath.Join(s.Dir(), tmpDir, strconv.Itoa(os.Getpid())+"-456")
-	for _, f := range []string{deadFile, liveFile} {
-		if err := os.WriteFile(f, []byte("half"), 0o600); err != nil {
+	old := time.Now().Add(-2 * tempGrace)
+	file := func(name string, mtime time.Time) string {
+		t.Helper()
+		p := filepath.Join(s.Dir(), tmpDir, name)
+		if err := os.WriteFile(p, []byte("half"), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	dead := file("1-dead", old)                                // its writer died: no lock
+	fresh := file("1-fresh", time.Now())                       // just created, not locked yet
+	held := file(strconv.Itoa(os.Getpid()+1<<20)+"-held", old) // a writer elsewhere holds it; its pid names no process here
+	f, err := os.Open(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
 	}
 	n, err := s.Sweep()
 	if err != nil || n != 1 {
 		t.Fatalf("swept %d, %v", n, err)
 	}
-	if _, err := os.Stat(deadFile); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("dead writer's temp file left")
 	}
-	if _, err := os.Stat(liveFile); err != nil {
-		t.Fatal("live writer's temp file removed")
+	for _, p := range []string{fresh, held} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s removed", filepath.Base(p))
+		}
 	}
 }
 
