@@ -129,7 +129,7 @@ func decodeField(v reflect.Value, raw json.RawMessage) error {
 		}
 		v.SetUint(n)
 	case [2]int64:
-		var nums []json.Number
+		var nums []json.RawMessage // not json.Number, which takes "448" too
 		if err := json.Unmarshal(raw, &nums); err != nil {
 			return errors.New("want [width, height]")
 		}
@@ -144,7 +144,7 @@ func decodeField(v reflect.Value, raw json.RawMessage) error {
 			v.Index(i).SetInt(x)
 		}
 	case []float64:
-		var nums []json.Number
+		var nums []json.RawMessage // not json.Number, which takes "0.5" too
 		if err := json.Unmarshal(raw, &nums); err != nil {
 			return errors.New("want a list of numbers ([] when empty)")
 		}

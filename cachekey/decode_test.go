@@ -58,6 +58,9 @@ func TestDecodeConfig(t *testing.T) {
 		{"lone low surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\udce9/`), "model_id"},
 		{"lone high surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\ud83d/`), "model_id"},
 		{"high surrogate at the end", edit(`"crop_mode":"center"`, `"crop_mode":"center\ud83d"`), "crop_mode"},
+		{"string sizes", edit(`"image_size":[448,448]`, `"image_size":["448","448"]`), "image_size"},
+		{"string mean", edit(`"normalize_mean":[0.48145466,`, `"normalize_mean":["0.48145466",`), "normalize_mean"},
+		{"bool mean", edit(`"normalize_mean":[0.48145466,`, `"normalize_mean":[true,`), "normalize_mean"},
 		{"high then not low", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\ud83d\u0041/`), "model_id"},
 	} {
 		_, err := DecodeConfig([]byte(tc.text))
@@ -78,6 +81,10 @@ func TestDecodeConfigText(t *testing.T) {
 	got, err := DecodeConfig([]byte(text))
 	if err != nil || got.ModelID != want.ModelID {
 		t.Fatalf("%q %v, want %q", got.ModelID, err, want.ModelID)
+	}
+	spaced := strings.Replace(good, `"image_size":[448,448]`, `"image_size":[ 448 , 448 ]`, 1)
+	if _, err := DecodeConfig([]byte(spaced)); err != nil {
+		t.Fatalf("spaces in a list: %v", err)
 	}
 	bad := imageConfig()
 	bad.ModelID = "Qwen\xff"
