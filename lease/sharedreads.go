@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -37,11 +38,12 @@ type sharedRead struct {
 	done    chan struct{} // closed when rev and err are set
 	rev     uint64
 	err     error
-	joiners int // guarded by sharedReads.mu: callers waiting for it (for tests)
+	joiners int       // guarded by sharedReads.mu: callers waiting for it (for tests)
+	until   time.Time // guarded by sharedReads.mu: the latest deadline of its joiners (zero: one had none)
 }
 
-// sharedReadTimeout bounds a read made for the callers that joined it
-// (each of them waits only as long as its own context lets it).
+// sharedReadTimeout bounds a read made for callers that joined it of which
+// one had no deadline (each waits only as long as its own context lets it).
 const sharedReadTimeout = 10 * time.Second
 
 // do returns read's answer from a read sent after do was called: its own,
@@ -64,10 +66,15 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 		return r.rev, r.err
 	}
 	if g.next == nil {
-		g.next = &sharedRead{done: make(chan struct{})}
+		g.next = &sharedRead{done: make(chan struct{}), until: time.Now()}
 	}
 	r := g.next
 	r.joiners++
+	if d, ok := ctx.Deadline(); !ok {
+		r.until = time.Time{}
+	} else if !r.until.IsZero() && d.After(r.until) {
+		r.until = d
+	}
 	s.mu.Unlock()
 	select {
 	case <-r.done:
@@ -79,22 +86,37 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 
 // run makes r, the group's read in flight, then sends the next one if a
 // caller joined it (on a goroutine of its own: this caller has its
-// answer), or ends the group.
+// answer, within the latest of its joiners' deadlines), or ends the group.
+// A read that panics is an error for every caller of it, and the group
+// goes on: left in flight, it would hold every later caller.
 func (s *sharedReads) run(ctx context.Context, id sharedReadID, g *sharedReadGroup, r *sharedRead, read func(context.Context) (uint64, error)) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.rev, r.err = 0, fmt.Errorf("lease: tombstone read of %s panicked: %v", id.key, p)
+		}
+		s.mu.Lock()
+		next := g.next
+		g.inflight, g.next = next, nil
+		if next == nil {
+			delete(s.groups, id)
+		}
+		until := time.Time{}
+		if next != nil {
+			until = next.until
+		}
+		s.mu.Unlock()
+		close(r.done)
+		if next != nil {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), sharedReadTimeout)
+				if !until.IsZero() {
+					cancel()
+					ctx, cancel = context.WithDeadline(context.Background(), until)
+				}
+				defer cancel()
+				s.run(ctx, id, g, next, read)
+			}()
+		}
+	}()
 	r.rev, r.err = read(ctx)
-	s.mu.Lock()
-	next := g.next
-	g.inflight, g.next = next, nil
-	if next == nil {
-		delete(s.groups, id)
-	}
-	s.mu.Unlock()
-	close(r.done)
-	if next != nil {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), sharedReadTimeout)
-			defer cancel()
-			s.run(ctx, id, g, next, read)
-		}()
-	}
 }

@@ -76,3 +76,46 @@ func TestSharedReadsAnswerEachCallerWithALaterRead(t *testing.T) {
 		t.Fatalf("after the reads: %d groups left, %d reads", len(s.groups), reads)
 	}
 }
+
+// A read that panics is an error for its caller and for the callers that
+// joined the next read, and the key's reads go on: left in flight, it
+// held every later caller until its deadline (a helper's review found it).
+func TestASharedReadThatPanicsIsAnError(t *testing.T) {
+	var s sharedReads
+	id := sharedReadID{0, "acme.inv.x"}
+	entered, release := make(chan struct{}), make(chan struct{})
+	first := true
+	read := func(context.Context) (uint64, error) {
+		if first {
+			first = false
+			close(entered)
+			<-release
+			panic("boom")
+		}
+		return 7, nil
+	}
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	go func() { _, err := s.do(ctx, id, read); errs <- err }()
+	<-entered
+	go func() { _, err := s.do(ctx, id, read); errs <- err }() // joins the next read
+	for {
+		s.mu.Lock()
+		joined := s.groups[id].next != nil && s.groups[id].next.joiners == 1
+		s.mu.Unlock()
+		if joined {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	if err := <-errs; err == nil {
+		t.Fatal("the read that panicked answered without an error")
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("the next read: %v", err)
+	}
+	if rev, err := s.do(ctx, id, read); rev != 7 || err != nil {
+		t.Fatalf("a later read: %d %v", rev, err)
+	}
+}
