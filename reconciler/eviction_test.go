@@ -95,3 +95,28 @@ func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 		return errors.Is(err, payload.ErrNotFound)
 	})
 }
+
+// A touch whose expiry is further than the longest store TTL by the
+// reconciler's clock is not applied, whatever its own time says (an event
+// of the year 2200 expiring an hour after it passed the decoder's bound,
+// and gave the record a TTL of 173 years: a helper's review found it).
+func TestATouchPastTheLongestStoreTTLIsNotApplied(t *testing.T) {
+	e := newWorld(t)
+	r, _ := e.reconciler(e.store)
+	waitFor(t, "active", func() bool { return r.Stats().Active })
+	far := e.commit(0, time.Hour)
+	near := e.commit(1, time.Hour)
+	before := e.record(0).Record.Expires
+	then := time.Now().AddDate(175, 0, 0)
+	e.publish(&events.Event{Kind: events.KindTouched, Tenant: tenant, Key: keyOf(0), Model: "m", Epoch: 1, Node: "w",
+		Time: then, Expires: then.Add(time.Hour), Location: &far})
+	e.publish(&events.Event{Kind: events.KindTouched, Tenant: tenant, Key: keyOf(1), Model: "m", Epoch: 1, Node: "w",
+		Time: time.Now(), Expires: time.Now().Add(2 * time.Hour), Location: &near})
+	waitFor(t, "the second touch applied (after the first: one loop)", func() bool { return r.Stats().Touches >= 1 })
+	if n := r.Stats().Touches; n != 1 {
+		t.Fatalf("%d touches applied, want 1", n)
+	}
+	if got := e.record(0).Record.Expires; !got.Equal(before) {
+		t.Fatalf("the record's expiry moved from %v to %v", before, got)
+	}
+}

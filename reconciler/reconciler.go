@@ -455,6 +455,13 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 	if !now.Before(deadline) || ttl < time.Second {
 		return
 	}
+	if ttl > events.MaxStoreTTL {
+		// By this clock, not the event's own time (its sender's to say):
+		// no store TTL is that long, and a record that outlived its last
+		// event in the stream would never be announced.
+		r.s.logger.Warn("embcache: touch past the longest store TTL, not applied", "key", key, "expires", e.Expires)
+		return
+	}
 	rec := cur.Record
 	rec.Expires = e.Expires
 	// Nor sent again past it (a write refused while another is in flight
@@ -499,10 +506,10 @@ type expirer struct {
 // announces it, once per value: an evicted event, and a notice to the
 // node that wrote the payload. What the value was (its location, model and
 // epoch) comes from its last published or touched event; a key whose last
-// such event is followed by an evicted or abandoned one (announced
-// already, or a compute that failed), or whose record names that value
-// again (committed since the message that sent us here), has nothing to
-// evict. known, if set,
+// such event is followed by an evicted one (announced already; an
+// abandoned one ends nothing: events.Latest), or whose record names that
+// value again (committed since the message that sent us here), has
+// nothing to evict. known, if set,
 // stands in for a value the stream has no event of (a record the
 // reconciler purged itself). A payload found corrupt is left to the reader
 // that found it (its store removes a corrupt file; a recompute may
@@ -720,9 +727,17 @@ func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstre
 		if err != nil && !errors.Is(err, lease.ErrBadRecord) { // a bad record is no value of the model's: counted by read
 			unfinished = err
 		}
-		if err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
-			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb &&
-			b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated) == nil {
+		stale := err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
+			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb
+		if stale {
+			switch err := b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated); {
+			case errors.Is(err, lease.ErrLost): // changed since the read: no longer that record
+				stale = false
+			case err != nil:
+				unfinished, stale = err, false
+			}
+		}
+		if stale {
 			r.did(actionInvalidate)
 			var known *events.Entry
 			if loc := cur.Record.Location; loc != nil {
