@@ -173,6 +173,9 @@ class StageCacheConfig:
         if not all(0 < t <= 86400 * 365 for t in (self.request_timeout_s, self.agent_timeout_s, self.lease_ttl_s,
                                                   self.store_ttl_s)):  # also refuses NaN and infinity
             raise ValueError("timeouts and TTLs must be positive")
+        if not 1 <= self.store_ttl_s <= 86400:
+            # The agent refuses it: a value's last event must outlive it (docs/protocol.md 4.1).
+            raise ValueError(f"store_ttl_s {self.store_ttl_s}: want 1 s to 24 h")
         if self.local_max_bytes < 0 or self.shm_max_bytes < 0:
             raise ValueError("budgets must be >= 0 (0: the agent's default)")
 

@@ -247,6 +247,9 @@ class PassThroughTest(unittest.TestCase):
             StageCacheConfig.from_stage_config({"embedding_cache": {"request_timeout_s": "300"}})
         with self.assertRaises(TypeError):
             EmbeddingCache("/run/a.sock", enabled="false")
+        # As the agent: a value's last event must outlive it in the stream.
+        with self.assertRaisesRegex(ValueError, "store_ttl_s"):
+            StageCacheConfig.from_stage_config({"embedding_cache": {"store_ttl_s": 2 * 86400}})
 
 
 class MappingsTest(unittest.TestCase):
