@@ -21,9 +21,9 @@ import (
 
 // Worker modes, chosen by EMBCACHE_WORKER.
 const (
-	modeBurst = "burst" // G goroutines get-or-compute keys 0..K-1; prints one result line per key
-	modeHold  = "hold"  // reserve key 0 through GetOrCompute; fn blocks until stdin says "finish"
-	modeGet   = "get"   // get-or-compute key 0 once; print the result line
+	modeBurst  = "burst"  // G goroutines get-or-compute keys 0..K-1; prints one result line per key
+	modeHold   = "hold"   // reserve key 0 through GetOrCompute; fn blocks until stdin says "finish"
+	modeGet    = "get"    // get-or-compute key 0 once; print the result line
 	modeFault  = "fault"  // the fault-injection workload: a history on stdout (faults_test.go)
 	modeServer = "server" // an embedded NATS server on EMBCACHE_STORE and EMBCACHE_PORT; prints "ready", runs until killed
 )
