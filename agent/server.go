@@ -523,9 +523,9 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 	}
 	name := randomID()
 	path := filepath.Join(s.slotDir, name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660) // the socket's group may write it
+	f, err := createSlotFile(path)
 	if err == nil {
-		err = errors.Join(f.Chmod(0o660), f.Truncate(req.Size)) // whatever the agent's umask
+		err = f.Truncate(req.Size)
 		f.Close()
 	}
 	if err != nil {

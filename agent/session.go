@@ -329,19 +329,30 @@ type slotMapping struct {
 	close func() error
 }
 
+// createSlotFile creates path, which must not exist, for the socket's
+// group to write: 0660 whatever the agent's umask.
+func createSlotFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(0o660); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	return f, nil
+}
+
 // createKeySlot creates a file of size bytes at path, writable by the
 // socket's group, and maps it read-only for hashing. Its pages are
 // populated once here, not faulted in by every key.
 func createKeySlot(path string, size int64) (slotMapping, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+	f, err := createSlotFile(path)
 	if err != nil {
 		return slotMapping{}, err
 	}
 	defer f.Close()
-	if err := f.Chmod(0o660); err != nil { // whatever the agent's umask
-		os.Remove(path)
-		return slotMapping{}, err
-	}
 	// Allocated now: a sparse file on a full tmpfs would fault (SIGBUS) in
 	// the client writing it; this way the call fails (503 no_space).
 	if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {

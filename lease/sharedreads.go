@@ -97,22 +97,17 @@ func (s *sharedReads) run(ctx context.Context, id sharedReadID, g *sharedReadGro
 		s.mu.Lock()
 		next := g.next
 		g.inflight, g.next = next, nil
+		var until time.Time
 		if next == nil {
 			delete(s.groups, id)
-		}
-		until := time.Time{}
-		if next != nil {
-			until = next.until
+		} else if until = next.until; until.IsZero() {
+			until = time.Now().Add(sharedReadTimeout)
 		}
 		s.mu.Unlock()
 		close(r.done)
 		if next != nil {
 			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), sharedReadTimeout)
-				if !until.IsZero() {
-					cancel()
-					ctx, cancel = context.WithDeadline(context.Background(), until)
-				}
+				ctx, cancel := context.WithDeadline(context.Background(), until)
 				defer cancel()
 				s.run(ctx, id, g, next, read)
 			}()

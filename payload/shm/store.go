@@ -385,15 +385,14 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 	// temp file nobody holds (a writer that died: the kernel drops its
 	// lock), whatever pid namespace the writer ran in.
 	defer tmp.Close()
-	if err := unix.Flock(int(tmp.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		os.Remove(tmp.Name())
-		return false, fmt.Errorf("shm: locking the temp file: %w", err)
-	}
 	defer func() {
 		if err != nil || !written {
 			os.Remove(tmp.Name())
 		}
 	}()
+	if err := unix.Flock(int(tmp.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return false, fmt.Errorf("shm: locking the temp file: %w", err)
+	}
 	if err := unix.Fallocate(int(tmp.Fd()), 0, 0, fileSize); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
 			return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
