@@ -570,10 +570,12 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	deletes := cause != events.CauseCorrupt && !(cur.Live && cur.Record.State == lease.StateComputing)
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
-	if deletes && !r.deletePayload(ctx, loc) && ctx.Err() != nil {
-		// Cut short by the step-down: announced, the eviction would be
-		// done for its successor, which handles the marker again, and the
-		// payload would stay.
+	if deletes && !r.deletePayload(ctx, loc, kvKey) {
+		// Announced, the eviction would be done, and the payload would
+		// stay: nothing removes a Mooncake object later, and a delete
+		// fails while a reader holds the object. Left unannounced, the
+		// value is tried again (a marker's a few times, then by a sweep;
+		// a successor's, if this is cut short by the step-down).
 		return false
 	}
 	// Published even if this reconciler is stepping down meanwhile: its
@@ -602,7 +604,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 // deletePayload removes a payload this reconciler can reach: its own
 // node's, or a shared store's (Mooncake); false if that delete failed.
 // Other nodes remove theirs when the notice reaches them.
-func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) (ok bool) {
+func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location, kvKey string) (ok bool) {
 	t := r.s.deleters[loc.Transport]
 	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
 		return true // not this reconciler's to delete
@@ -610,6 +612,9 @@ func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location) (o
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
 	if err := t.Delete(octx, loc); err != nil {
+		if ctx.Err() == nil {
+			r.s.logger.Warn("embcache: eviction not announced: its payload delete failed", "key", kvKey, "transport", loc.Transport, "err", err)
+		}
 		return false
 	}
 	r.did(actionDeletePayload)

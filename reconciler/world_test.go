@@ -2,6 +2,7 @@ package reconciler_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -146,4 +147,21 @@ func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location) erro
 func (e *world) renewedAfter(t time.Time) bool {
 	cur, err := e.b.Read(context.Background(), reconciler.ElectionKey)
 	return err == nil && cur.Stamp.After(t.Add(3*time.Second))
+}
+
+// failingDeleter fails the first fails deletes of one object (as
+// Mooncake's does while a reader holds it), then deletes it; it counts
+// the tries.
+type failingDeleter struct {
+	store  *payload.MemoryStore
+	object string
+	fails  int64
+	tries  atomic.Int64
+}
+
+func (d *failingDeleter) Delete(ctx context.Context, loc payload.Location) error {
+	if loc.Object == d.object && d.tries.Add(1) <= d.fails {
+		return errors.New("object busy")
+	}
+	return d.store.Delete(ctx, loc)
 }
