@@ -19,7 +19,7 @@ from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheCon
 from .connection import Connection, Pool, ProtocolError
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, ReservationEnded,
                      StoreFull, api_error, with_value)
-from .values import Embedding, Mappings, Tensor, parts_of, tensor_parts
+from .values import Embedding, Mappings, Tensor, _token_list, parts_of, tensor_parts
 
 log = logging.getLogger("embcache")
 
@@ -531,7 +531,7 @@ class EmbeddingCache:
     def key_from_tokens(self, config: EncoderPreprocessingConfig, tokens: Sequence[int],
                         block_size: int = 0) -> Optional[EmbeddingCacheKey]:
         """The key of a token sequence; prefix_keys holds each whole block prefix's."""
-        body = {"config": config.to_wire(), "mode": "tokens", "tokens": [int(t) for t in tokens], "block_size": block_size}
+        body = {"config": config.to_wire(), "mode": "tokens", "tokens": _token_list(tokens), "block_size": block_size}
         return self._key(lambda: self._call("POST", "/v1/key", body, retry=True))
 
     # -- the cache ---------------------------------------------------------

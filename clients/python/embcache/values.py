@@ -4,7 +4,9 @@ read (Embedding, a view of the agent's shared-memory file)."""
 from __future__ import annotations
 
 import collections
+import math
 import mmap
+import numbers
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -76,9 +78,17 @@ def parts_of(value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[i
 
 
 def _token_list(ids: Sequence[int]) -> List[int]:
+    """ids as ints; refused unless each is an integer (int(1.9) is 1: a
+    float id, a forgotten cast, would be keyed as another sequence)."""
+    if hasattr(ids, "tolist"):  # a numpy array or torch tensor: its elements as Python numbers
+        ids = ids.tolist()
     try:
-        out = [int(t) for t in ids]
-    except (TypeError, ValueError) as e:
+        out: List[int] = []
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise InvalidValue(f"token ids are integers, not {type(t).__name__} ({t!r})")
+            out.append(int(t))
+    except TypeError as e:
         raise InvalidValue(f"token ids: {e}") from e
     if any(t < 0 or t > _MAX_TOKEN for t in out):
         raise InvalidValue("token ids must be in [0, 2**32)")
@@ -89,6 +99,12 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
     """(bytes-like, dtype name, shape) of a numpy array, torch tensor or
     Tensor (or bytes, with dtype and shape)."""
     if isinstance(value, Tensor):
+        if _np is not None and isinstance(value.data, _np.ndarray):
+            # Checked as an array is: its own dtype and byte order, not its bytes as they lie.
+            return tensor_parts(value.data, value.dtype, value.shape)
+        with memoryview(value.data) as mv:  # (data without the buffer protocol is refused as it was: TypeError)
+            if mv.format[:1] in (">", "!"):
+                raise InvalidValue(f"Tensor data in big-endian format {mv.format!r}: values are little-endian")
         return value.data, value.dtype, tuple(int(d) for d in value.shape)
     mod = type(value).__module__
     if mod.startswith("torch"):
@@ -105,10 +121,17 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
         a = _np.ascontiguousarray(value)  # at least 1-d: the shape is value's (a 0-d array is not [x])
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        np_name = dtype or _FROM_NUMPY.get(a.dtype.name)
+        own = _FROM_NUMPY.get(a.dtype.name)
+        if dtype is not None and dtype != own and not (dtype == "bfloat16" and a.dtype.name in ("uint16", "int16")):
+            # Keyed under another dtype, an array's bytes would be another tensor's (int32 1 is float32 1e-45).
+            raise InvalidValue(f"a numpy {a.dtype} array cannot be a {dtype} value (only 16-bit integers hold bfloat16 bits)")
+        np_name = dtype or own
         if np_name is None:
             raise InvalidValue(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
-        return a.data, np_name, tuple(shape) if shape is not None else tuple(int(d) for d in value.shape)
+        sh = tuple(int(d) for d in shape) if shape is not None else tuple(int(d) for d in value.shape)
+        if shape is not None and math.prod(sh) != a.size:
+            raise InvalidValue(f"shape {sh} does not hold the array's {a.size} elements")
+        return a.data, np_name, sh
     if isinstance(value, (bytes, bytearray, memoryview)) and dtype is not None and shape is not None:
         return value, dtype, tuple(shape)
     raise InvalidValue(f"a value of type {type(value).__name__}: want a numpy array, a torch tensor, Tensor, "

@@ -81,6 +81,34 @@ class KeyParityTest(unittest.TestCase):
         self.assertNotEqual(scalar.key, one.key)
         self.assertEqual(scalar.key, same.key)
 
+    def test_a_value_is_keyed_as_what_it_holds_or_refused(self):
+        # Each was keyed as another input's key (a helper's hunt found them):
+        # token ids 1.9 and True cut to 1; a Tensor of a big-endian array
+        # keyed by its bytes as they lie; an int32 array keyed as float32.
+        import numpy as np
+        from embcache import InvalidValue
+        cfg = harness.config(modality="tokens", resize_mode="", image_size=(0, 0), crop_mode="", normalize_mean=(),
+                             normalize_std=(), input_dtype="int32", audio_codec_version="c1",
+                             audio_codec_config_hash="h1")
+        for tokens in ([1.9, 2, 3], [True, 2, 3], np.array([1.5, 2.0, 3.0])):
+            with self.assertRaises(InvalidValue, msg=repr(tokens)):
+                self.cache.key_from_tokens(cfg, tokens)
+        self.assertEqual(self.cache.key_from_tokens(cfg, np.array([1, 2, 3], np.int64)).key,
+                         self.cache.key_from_tokens(cfg, [1, 2, 3]).key)
+        cfg = harness.config()
+        little = np.arange(6, dtype="<f4").reshape(2, 3)
+        big = little.astype(">f4")
+        self.assertEqual(self.cache.key_from_decoded_tensor(cfg, Tensor(big, "float32", (2, 3))).key,
+                         self.cache.key_from_decoded_tensor(cfg, little).key)
+        with self.assertRaises(InvalidValue):
+            self.cache.key_from_decoded_tensor(cfg, Tensor(memoryview(big), "float32", (2, 3)))
+        for arr, dtype, shape in ((np.int32([1, 2, 3]), "float32", None), (np.arange(6, dtype=np.float32), None, (4,))):
+            with self.assertRaises(InvalidValue, msg=f"{arr.dtype} as {dtype} {shape}"):
+                self.cache.key_from_decoded_tensor(cfg, arr, dtype=dtype, shape=shape)
+        bf16 = self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]), dtype="bfloat16")
+        self.assertEqual(bf16.key, self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]).tobytes(),
+                                                                        dtype="bfloat16", shape=(1,)).key)
+
     def test_a_string_that_is_not_text_is_refused(self):
         # Python writes an undecodable file name's byte as a lone surrogate;
         # decoded leniently, two model paths took one key.
