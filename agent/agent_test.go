@@ -223,6 +223,29 @@ func TestKeyRejectsMissingField(t *testing.T) {
 	}
 }
 
+// A request body's names are exact and given once: encoding/json took
+// "Config" for "config" and kept the last of two, so a body with a second
+// config (another tenant's) was keyed by it (a helper's hunt found it).
+func TestKeyRequestNamesAreExact(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	other := testConfigMap()
+	other["tenant"] = "other"
+	cfg, cfg2 := string(testConfig()), string(configJSON(other))
+	if code, err := rawPost(n.socket, "/v1/key", `{"config":`+cfg+`,"mode":"raw-bytes","data":"eA=="}`); err != nil || code != 200 {
+		t.Fatalf("a good body: %d %v", code, err)
+	}
+	for _, body := range []string{
+		`{"config":` + cfg + `,"Config":` + cfg2 + `,"mode":"raw-bytes","data":"eA=="}`,
+		`{"config":` + cfg + `,"config":` + cfg2 + `,"mode":"raw-bytes","data":"eA=="}`,
+		`{"CONFIG":` + cfg + `,"mode":"raw-bytes","data":"eA=="}`,
+		`{"config":` + cfg + `,"mode":"raw-bytes","data":"eA==","data":"eQ=="}`,
+	} {
+		if code, err := rawPost(n.socket, "/v1/key", body); err != nil || code != 400 {
+			t.Fatalf("%s: %d %v", body, code, err)
+		}
+	}
+}
+
 // TestReserveSlotCommitHit: the first lookup reserves; the tensor written
 // into a slot is committed; every later lookup, on this agent and another,
 // maps the same bytes.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -250,7 +251,16 @@ func sessionOf(r *http.Request) *session { return r.Context().Value(sessionKey{}
 
 // decode reads a JSON body into v, bounded by the max body size.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return false
+	}
+	if err := exactNames(body, v); err != nil {
+		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
