@@ -42,6 +42,7 @@ type Node struct {
 	recDone  chan struct{}          // closed when rec's Run has returned
 	server   *http.Server           // the pull server (PayloadHTTP), or nil
 	addr     string                 // the pull server's listen address, or ""
+	adv      string                 // the URL other nodes pull from it at, or ""
 	mooncake mooncakeTransport      // the Mooncake store (PayloadMooncake), or nil
 	started  bool
 	closed   bool
@@ -212,7 +213,7 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	}
 	n.server = &http.Server{Handler: httppull.NewServer(n.store, sopts...), ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: 2 * time.Minute}
-	n.addr = l.Addr().String()
+	n.addr, n.adv = l.Addr().String(), adv
 	go n.server.Serve(l)
 	return tr, nil
 }
@@ -306,6 +307,11 @@ func (n *Node) Conn() *nats.Conn { return n.nc }
 // payload is PayloadHTTP), with the port chosen when PayloadListen asks
 // for port 0.
 func (n *Node) PayloadAddr() string { return n.addr }
+
+// PayloadAdvertise is the URL its values name for other nodes to pull
+// from ("" unless the pull server runs): Advertise, or for a listener on
+// every address, this host's name.
+func (n *Node) PayloadAdvertise() string { return n.adv }
 
 // Name is the node's name.
 func (n *Node) Name() string { return n.opts.Name }

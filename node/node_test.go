@@ -368,5 +368,7 @@ func TestAWildcardPayloadListenerIsAdvertisedAtTheHostsName(t *testing.T) {
 	_, port, _ := net.SplitHostPort(n.PayloadAddr())
 	if want := "http://" + net.JoinHostPort(host, port); cur.Record.Location.Address != want {
 		t.Fatalf("advertised %q, want %q", cur.Record.Location.Address, want)
+	} else if n.PayloadAdvertise() != want { // what the commands print at start
+		t.Fatalf("PayloadAdvertise %q, want %q", n.PayloadAdvertise(), want)
 	}
 }

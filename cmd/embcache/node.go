@@ -89,7 +89,7 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 // printPayloadAddr tells w where the node serves pulls, if it does.
 func printPayloadAddr(w io.Writer, command string, n *node.Node) {
 	if addr := n.PayloadAddr(); addr != "" {
-		fmt.Fprintf(w, "embcache %s: payloads at http://%s%s\n", command, addr, httppull.PathPrefix)
+		fmt.Fprintf(w, "embcache %s: payloads at http://%s%s, advertised as %s\n", command, addr, httppull.PathPrefix, n.PayloadAdvertise())
 	}
 }
 
