@@ -503,8 +503,19 @@ func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
 	if err := js.DeleteStream(ctx, StreamName); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := EnsureStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
+	// The server removes the old stream's files after DeleteStream has
+	// returned: a create that meets them fails ("error creating store for
+	// stream", err_code 10049, once in a fresh clone's make test), and is
+	// tried again.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := EnsureStream(ctx, js, 1)
+		if err == nil {
+			break
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10049 || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	if err := pub.PublishSync(ctx, published("beta", 1, now.Add(time.Hour))); err != nil {
 		t.Fatal(err)
