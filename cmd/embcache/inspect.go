@@ -181,8 +181,12 @@ func newEvents() *cobra.Command {
 			opts := events.SubscribeOptions{New: !fromStart, Logger: newLogger(cmd.ErrOrStderr(), false)}
 			if kind != "" {
 				k, err := events.ParseKind(kind)
-				if err != nil {
-					return usageError{err}
+				if err != nil { // a flag, not an event: not ParseKind's "bad event"
+					names := make([]string, 0, len(events.Kinds()))
+					for _, k := range events.Kinds() {
+						names = append(names, k.String())
+					}
+					return usageError{fmt.Errorf("--kind %q is not an event kind (one of %s)", kind, strings.Join(names, ", "))}
 				}
 				opts.Kinds = []events.Kind{k}
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,5 +52,14 @@ func TestEventsTailWithACountExits(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run %d: %v (a hang is killed after 10 s)\n%s", i, err, out)
 		}
+	}
+}
+
+// A --kind that names no event kind is a usage error that says so (it
+// read "events: bad event: unknown kind": a new user's walkthrough).
+func TestTailRefusesAnUnknownKindAsAFlag(t *testing.T) {
+	_, stderr, code := run(t, "events", "tail", "--nats", "nats://127.0.0.1:1", "--kind", "bogus")
+	if code != 2 || !strings.Contains(stderr, `--kind "bogus" is not an event kind`) || strings.Contains(stderr, "bad event") {
+		t.Fatalf("exit %d: %s", code, stderr)
 	}
 }
