@@ -95,6 +95,24 @@ def _token_list(ids: Sequence[int]) -> List[int]:
     return out
 
 
+def _dims(shape: Sequence[Any]) -> Tuple[int, ...]:
+    """shape as ints; refused unless each dimension is a non-negative
+    integer (int(2.9) is 2: a float dimension would key another shape)."""
+    if hasattr(shape, "tolist"):  # a numpy array or torch.Size-like: its elements as Python numbers
+        shape = shape.tolist()
+    try:
+        out: List[int] = []
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+                raise InvalidValue(f"shape dimensions are integers, not {type(d).__name__} ({d!r})")
+            if d < 0:
+                raise InvalidValue(f"shape dimension {d} is negative")
+            out.append(int(d))
+    except TypeError as e:
+        raise InvalidValue(f"shape: {e}") from e
+    return tuple(out)
+
+
 def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]]) -> Tuple[Any, str, Tuple[int, ...]]:
     """(bytes-like, dtype name, shape) of a numpy array, torch tensor or
     Tensor (or bytes, with dtype and shape)."""
@@ -105,7 +123,7 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
         with memoryview(value.data) as mv:  # (data without the buffer protocol is refused as it was: TypeError)
             if mv.format[:1] in (">", "!"):
                 raise InvalidValue(f"Tensor data in big-endian format {mv.format!r}: values are little-endian")
-        return value.data, value.dtype, tuple(int(d) for d in value.shape)
+        return value.data, value.dtype, _dims(value.shape)
     mod = type(value).__module__
     if mod.startswith("torch"):
         import torch
@@ -128,12 +146,12 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
         np_name = dtype or own
         if np_name is None:
             raise InvalidValue(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
-        sh = tuple(int(d) for d in shape) if shape is not None else tuple(int(d) for d in value.shape)
+        sh = _dims(shape) if shape is not None else tuple(int(d) for d in value.shape)
         if shape is not None and math.prod(sh) != a.size:
             raise InvalidValue(f"shape {sh} does not hold the array's {a.size} elements")
         return a.data, np_name, sh
     if isinstance(value, (bytes, bytearray, memoryview)) and dtype is not None and shape is not None:
-        return value, dtype, tuple(shape)
+        return value, dtype, _dims(shape)
     raise InvalidValue(f"a value of type {type(value).__name__}: want a numpy array, a torch tensor, Tensor, "
                        "Tokens or HiddenPrefix (or bytes with dtype= and shape=)")
 

@@ -105,6 +105,15 @@ class KeyParityTest(unittest.TestCase):
         for arr, dtype, shape in ((np.int32([1, 2, 3]), "float32", None), (np.arange(6, dtype=np.float32), None, (4,))):
             with self.assertRaises(InvalidValue, msg=f"{arr.dtype} as {dtype} {shape}"):
                 self.cache.key_from_decoded_tensor(cfg, arr, dtype=dtype, shape=shape)
+        # A dimension 2.9 was cut to 2: six bytes-worth of floats keyed as (2, 3).
+        six = np.arange(6, dtype=np.float32)
+        for value, shape in ((six.tobytes(), (2.9, 3)), (six, (2.0, 3)), (six, (True, 6)), (six.tobytes(), (-2, -3))):
+            with self.assertRaises(InvalidValue, msg=f"shape {shape}"):
+                self.cache.key_from_decoded_tensor(cfg, value, dtype="float32", shape=shape)
+        with self.assertRaises(InvalidValue):
+            self.cache.key_from_decoded_tensor(cfg, Tensor(six.tobytes(), "float32", (2.9, 3)))
+        self.assertEqual(self.cache.key_from_decoded_tensor(cfg, six, shape=np.array([2, 3])).key,
+                         self.cache.key_from_decoded_tensor(cfg, six.reshape(2, 3)).key)
         bf16 = self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]), dtype="bfloat16")
         self.assertEqual(bf16.key, self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]).tobytes(),
                                                                         dtype="bfloat16", shape=(1,)).key)
