@@ -434,6 +434,10 @@ func TestBadRequests(t *testing.T) {
 	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", []int64{1}, []byte{1, 2, 3}); !errors.As(err, &apiErr) || apiErr.Status != 400 {
 		t.Fatalf("bad value: %v", err)
 	}
+	// No shape is not a scalar's ([]): four bytes were stored as a float32 scalar.
+	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", nil, []byte{1, 2, 3, 4}); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+		t.Fatalf("no shape: %v", err)
+	}
 	if _, err := c.Commit(ctx, resp.Reservation, "r", "float32", []int64{1}, []byte{1, 2, 3, 4}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ type KeyRequest struct {
 	Mode      string          `json:"mode"`                 // raw-bytes, decoded-tensor or tokens
 	Data      []byte          `json:"data,omitempty"`       // raw bytes or tensor data (base64 in JSON)
 	DType     string          `json:"dtype,omitempty"`      // decoded-tensor
-	Shape     []int64         `json:"shape,omitempty"`      // decoded-tensor
+	Shape     []int64         `json:"shape,omitzero"`       // decoded-tensor: required, [] for a scalar (nil is absent)
 	Tokens    []uint32        `json:"tokens,omitempty"`     // tokens
 	BlockSize int             `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
 }
@@ -117,7 +117,7 @@ type CommitRequest struct {
 	RequestID   string   `json:"request_id"`
 	Kind        string   `json:"kind,omitempty"` // tensor (default), tokens, hidden-prefix
 	DType       string   `json:"dtype,omitempty"`
-	Shape       []int64  `json:"shape,omitempty"`
+	Shape       []int64  `json:"shape,omitzero"` // tensor, hidden-prefix: required, [] for a scalar (nil is absent)
 	Tokens      []uint32 `json:"tokens,omitempty"`
 	Slot        string   `json:"slot,omitempty"`
 	Data        []byte   `json:"data,omitempty"`

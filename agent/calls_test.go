@@ -50,6 +50,17 @@ func TestKeyBytes(t *testing.T) {
 			t.Fatalf("tensor %v: %+v %v, want %+v", shape, got, err, want)
 		}
 	}
+	// A scalar's shape is [] on both paths; no shape is refused on both,
+	// never taken for a scalar's (it was, in JSON; the bytes path took
+	// shape= for a scalar while the key command refused it).
+	scalar := []byte{0, 0, 128, 63}
+	want, err := c.Key(ctx, agent.KeyRequest{Config: testConfig(), Mode: "decoded-tensor", DType: "float32", Shape: []int64{}, Data: scalar})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.KeyBytes(ctx, testConfig(), "decoded-tensor", "float32", []int64{}, bytes.NewReader(scalar)); err != nil || got.KeyRef != want.KeyRef {
+		t.Fatalf("a scalar: %+v %v, want %+v", got, err, want)
+	}
 	noEpoch := testConfigMap()
 	delete(noEpoch, "weight_epoch")
 	for name, call := range map[string]func() error{
@@ -64,6 +75,14 @@ func TestKeyBytes(t *testing.T) {
 		},
 		"short tensor": func() error {
 			_, err := c.KeyBytes(ctx, testConfig(), "decoded-tensor", "float32", []int64{4}, strings.NewReader("abc"))
+			return err
+		},
+		"no shape": func() error {
+			_, err := c.KeyBytes(ctx, testConfig(), "decoded-tensor", "float32", nil, bytes.NewReader(scalar))
+			return err
+		},
+		"no shape in JSON": func() error {
+			_, err := c.Key(ctx, agent.KeyRequest{Config: testConfig(), Mode: "decoded-tensor", DType: "float32", Data: scalar})
 			return err
 		},
 		"bad dtype": func() error {

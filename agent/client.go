@@ -123,8 +123,9 @@ func (c *Client) Lookup(ctx context.Context, ref KeyRef, requestID string) (Look
 }
 
 // KeyBytes returns the key of data under config (a JSON object) in mode
-// raw-bytes, or decoded-tensor with dtype and shape: the bytes are sent as
-// they are and hashed as they arrive (POST /v1/key/bytes).
+// raw-bytes, or decoded-tensor with dtype and shape ([]int64{} for a
+// scalar): the bytes are sent as they are and hashed as they arrive (POST
+// /v1/key/bytes).
 func (c *Client) KeyBytes(ctx context.Context, config json.RawMessage, mode, dtype string, shape []int64, data io.Reader) (KeyResponse, error) {
 	q := url.Values{"mode": {mode}}
 	if mode == "decoded-tensor" {
@@ -133,7 +134,9 @@ func (c *Client) KeyBytes(ctx context.Context, config json.RawMessage, mode, dty
 			dims[i] = strconv.FormatInt(d, 10)
 		}
 		q.Set("dtype", dtype)
-		q.Set("shape", strings.Join(dims, ","))
+		if shape != nil { // nil is no shape, which the agent refuses; []int64{} is a scalar's
+			q.Set("shape", strings.Join(dims, ","))
+		}
 	}
 	var resp KeyResponse
 	return resp, c.do(ctx, http.MethodPost, "/v1/key/bytes?"+q.Encode(), "application/octet-stream",

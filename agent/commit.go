@@ -125,6 +125,9 @@ func (s *Server) commitOf(res *reservation, req CommitRequest) (*pendingCommit, 
 		}
 		return c, c.check()
 	}
+	if c.shape == nil { // absent: never taken for a scalar's, which is []
+		return nil, bad("a %v value needs a shape ([] for a scalar)", c.kind)
+	}
 	var err error
 	if c.dtype, err = cachekey.ParseDType(req.DType); err != nil {
 		return nil, bad("%v", err)

@@ -23,7 +23,9 @@ func key(req KeyRequest) (KeyResponse, error) {
 		k, err = keyer.RawBytes(req.Data)
 	case cachekey.ModeTensor.String():
 		var dt cachekey.DType
-		if dt, err = cachekey.ParseDType(req.DType); err == nil {
+		if req.Shape == nil { // absent: never taken for a scalar's, which is []
+			err = fmt.Errorf("decoded-tensor needs a shape ([] for a scalar)")
+		} else if dt, err = cachekey.ParseDType(req.DType); err == nil {
 			k, err = keyer.Tensor(cachekey.Tensor{DType: dt, Shape: req.Shape, Data: req.Data})
 		}
 	case cachekey.ModeTokens.String():

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
-	"strings"
 
 	"github.com/embcache/embcache/cachekey"
 )
@@ -86,8 +84,12 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 			bad("dtype: %v", err)
 			return
 		}
-		if shape, err = parseShape(q.Get("shape")); err != nil {
-			bad("shape: %v", err)
+		if !q.Has("shape") {
+			bad("shape is required (shape=A,B,...; shape= for a scalar)")
+			return
+		}
+		if shape, err = cachekey.ParseShape(q.Get("shape")); err != nil {
+			bad("%v", err)
 			return
 		}
 		if fromSlot {
@@ -105,23 +107,6 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 	}
 	cfg := keyer.Config()
 	reply(w, KeyResponse{Mode: mode, KeyRef: KeyRef{Key: k.String(), Tenant: cfg.Tenant, Model: cfg.ModelID, WeightEpoch: cfg.WeightEpoch}})
-}
-
-// parseShape reads "A,B,C" (empty: a scalar's shape).
-func parseShape(s string) ([]int64, error) {
-	if s == "" {
-		return []int64{}, nil
-	}
-	parts := strings.Split(s, ",")
-	shape := make([]int64, len(parts))
-	for i, p := range parts {
-		d, err := strconv.ParseInt(p, 10, 64)
-		if err != nil || d < 0 {
-			return nil, fmt.Errorf("dimension %d is %q: want a non-negative integer", i, p)
-		}
-		shape[i] = d
-	}
-	return shape, nil
 }
 
 // handleKeySlot answers POST /v1/key/slot {"size"}: a shared-memory file of

@@ -39,14 +39,17 @@ func ReadTokens(r io.Reader) ([]uint32, error) {
 	return tokens, words.Err()
 }
 
-// ParseShape parses a tensor shape written "A,B,...". An empty string or
-// a dimension that is not an integer is ErrInvalidInput; the dimensions'
-// ranges are checked where the shape is used (Tensor.Validate).
+// ParseShape parses a tensor shape written "A,B,...": the empty string is
+// a scalar's shape (no dimensions), so "" and "1" are two tensors. A
+// dimension that is not an integer is ErrInvalidInput; the dimensions'
+// ranges are checked where the shape is used (Tensor.Validate). Every
+// surface (the key command, the agent) parses a shape here, so one
+// spelling is one shape on all of them.
 func ParseShape(s string) ([]int64, error) {
+	dims := []int64{}
 	if s == "" {
-		return nil, fmt.Errorf("%w: no shape", ErrInvalidInput)
+		return dims, nil
 	}
-	var dims []int64
 	for part := range strings.SplitSeq(s, ",") {
 		d, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
 		if err != nil {

@@ -21,7 +21,10 @@ func TestReadTokensAndShape(t *testing.T) {
 	if got, err := ParseShape("2, 3,4"); err != nil || !slices.Equal(got, []int64{2, 3, 4}) {
 		t.Fatalf("shape %v %v", got, err)
 	}
-	for _, bad := range []string{"", "2,,3", "a"} {
+	if got, err := ParseShape(""); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("a scalar's shape %v %v", got, err)
+	}
+	for _, bad := range []string{",", "2,,3", "a", "2.9,3"} {
 		if _, err := ParseShape(bad); !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("shape %q: %v", bad, err)
 		}

@@ -20,7 +20,7 @@ type vector struct {
 	Config     PreprocessingConfig `json:"config"`
 	InputHex   string              `json:"input_hex,omitempty"`
 	DType      string              `json:"dtype,omitempty"`
-	Shape      []int64             `json:"shape,omitempty"`
+	Shape      []int64             `json:"shape,omitzero"` // [] (a scalar's) is written; nil is not
 	Tokens     []uint32            `json:"tokens,omitempty"`
 	BlockSize  int                 `json:"block_size,omitempty"`
 	PrefixKeys []string            `json:"prefix_keys,omitempty"`
@@ -53,6 +53,8 @@ func vectorInputs() []vector {
 		{Name: "audio raw", Mode: "raw-bytes", Config: audioConfig(), InputHex: hex.EncodeToString(seq(64))},
 		{Name: "image tensor float32 [2,3]", Mode: "decoded-tensor", Config: imageConfig(), DType: "float32", Shape: []int64{2, 3}, InputHex: hex.EncodeToString(seq(24))},
 		{Name: "image tensor float32 [3,2]", Mode: "decoded-tensor", Config: imageConfig(), DType: "float32", Shape: []int64{3, 2}, InputHex: hex.EncodeToString(seq(24))},
+		{Name: "image tensor float32 scalar []", Mode: "decoded-tensor", Config: imageConfig(), DType: "float32", Shape: []int64{}, InputHex: hex.EncodeToString(seq(4))},
+		{Name: "image tensor float32 [1]", Mode: "decoded-tensor", Config: imageConfig(), DType: "float32", Shape: []int64{1}, InputHex: hex.EncodeToString(seq(4))},
 		{Name: "audio tensor bfloat16 [1,12]", Mode: "decoded-tensor", Config: audioConfig(), DType: "bfloat16", Shape: []int64{1, 12}, InputHex: hex.EncodeToString(seq(24))},
 		{Name: "tokens 37 in blocks of 16", Mode: "tokens", Config: tokensConfig(), Tokens: tokens, BlockSize: 16},
 		{Name: "tokens 3 in blocks of 16", Mode: "tokens", Config: tokensConfig(), Tokens: tokens[:3], BlockSize: 16},

@@ -15,6 +15,7 @@ import (
 // agentGetFlags are agent get's inputs.
 type agentGetFlags struct {
 	socket, configPath, rawPath, valuePath, dtype, shape, requestID string
+	shapeSet                                                        bool // --shape given: '' is a scalar's shape
 }
 
 // newAgentGet is a Go process using the agent as the Python client does:
@@ -27,7 +28,10 @@ func newAgentGet() *cobra.Command {
 		Long: "get prints {\"key\", \"computed\", \"path\", \"sha256\", \"bytes\"}: sha256 is of the tensor data the\n" +
 			"agent's hit maps (read without a copy), so several processes can compare what they got.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.run(cmd.Context(), cmd.OutOrStdout()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g.shapeSet = cmd.Flags().Changed("shape")
+			return g.run(cmd.Context(), cmd.OutOrStdout())
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&g.socket, "socket", envOr("EMBCACHE_AGENT_SOCKET", ""), "the agent's socket ($EMBCACHE_AGENT_SOCKET)")
@@ -35,7 +39,7 @@ func newAgentGet() *cobra.Command {
 	f.StringVar(&g.rawPath, "raw", "", "the raw input")
 	f.StringVar(&g.valuePath, "value", "", "tensor bytes to commit when this process computes")
 	f.StringVar(&g.dtype, "dtype", "float32", "the value's dtype")
-	f.StringVar(&g.shape, "shape", "", "the value's shape, comma-separated")
+	f.StringVar(&g.shape, "shape", "", "the value's shape, comma-separated ('' for a scalar)")
 	f.StringVar(&g.requestID, "request", "go-request", "request id (its pins are released before exit)")
 	return cmd
 }
@@ -44,7 +48,7 @@ func (g *agentGetFlags) run(ctx context.Context, w io.Writer) error {
 	if g.socket == "" || g.configPath == "" || g.rawPath == "" || g.valuePath == "" {
 		return usagef("--socket, --config, --raw and --value are required")
 	}
-	dims, err := parseShape(g.shape)
+	dims, err := parseShape(g.shapeSet, g.shape)
 	if err != nil {
 		return err
 	}

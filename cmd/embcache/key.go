@@ -15,6 +15,7 @@ import (
 type keyFlags struct {
 	configPath, rawPath, tensorPath, tokensPath, dtype, shape string
 	blockSize                                                 int
+	shapeSet                                                  bool // --shape given: "" is a scalar's shape, not a missing flag
 }
 
 func newKey() *cobra.Command {
@@ -29,6 +30,7 @@ func newKey() *cobra.Command {
 			"ids. An invalid config or input exits with status 2 and names the field.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.shapeSet = cmd.Flags().Changed("shape")
 			key, mode, err := f.key()
 			if err != nil {
 				return err
@@ -41,7 +43,7 @@ func newKey() *cobra.Command {
 	fs.StringVar(&f.rawPath, "raw", "", "raw input bytes (a JPEG, a WAV)")
 	fs.StringVar(&f.tensorPath, "tensor", "", "decoded tensor: contiguous little-endian bytes")
 	fs.StringVar(&f.dtype, "dtype", "", "tensor dtype (float32, bfloat16, uint8, ...)")
-	fs.StringVar(&f.shape, "shape", "", "tensor shape, comma-separated")
+	fs.StringVar(&f.shape, "shape", "", "tensor shape, comma-separated ('' for a scalar)")
 	fs.StringVar(&f.tokensPath, "tokens", "", "token ids, whitespace-separated")
 	fs.IntVar(&f.blockSize, "block-size", cachekey.DefaultTokenBlockSize, "token block size")
 	return cmd
@@ -72,7 +74,7 @@ func (f *keyFlags) key() (cachekey.Key, cachekey.Mode, error) {
 		if err != nil {
 			return cachekey.Key{}, 0, usageError{err}
 		}
-		dims, err := parseShape(f.shape)
+		dims, err := parseShape(f.shapeSet, f.shape)
 		if err != nil {
 			return cachekey.Key{}, 0, err
 		}
@@ -122,10 +124,12 @@ func readConfig(path string) (cachekey.PreprocessingConfig, error) {
 	return cfg, nil
 }
 
-// parseShape is cachekey.ParseShape as a usage error.
-func parseShape(s string) ([]int64, error) {
-	if s == "" {
-		return nil, usagef("--shape is required")
+// parseShape is a --shape flag as dimensions: required, ” being a
+// scalar's shape (set tells it from a flag not given), and a usage error
+// if malformed.
+func parseShape(set bool, s string) ([]int64, error) {
+	if !set {
+		return nil, usagef("--shape is required (--shape '' for a scalar)")
 	}
 	dims, err := cachekey.ParseShape(s)
 	if err != nil {

@@ -146,6 +146,17 @@ func TestKeyRefusesLenientConfigs(t *testing.T) {
 			t.Errorf("%s: exit %d, want 2 naming it: %s", field, code, stderr)
 		}
 	}
+	// A tensor's --shape is required; '' is a scalar's (it was refused, so a
+	// scalar the agent keys could not be keyed here).
+	if _, stderr, code := run(t, "key", "--config", write("good", good), "--tensor", input, "--dtype", "float32"); code != 2 ||
+		!strings.Contains(stderr, "--shape is required") {
+		t.Errorf("no --shape: exit %d: %s", code, stderr)
+	}
+	scalar, _, _ := run(t, "key", "--config", write("good", good), "--tensor", input, "--dtype", "float32", "--shape", "")
+	spaced, _, _ := run(t, "key", "--config", write("good", good), "--tensor", input, "--dtype", "float32", "--shape", " 1")
+	if !strings.Contains(scalar, `"key"`) || !strings.Contains(spaced, `"key"`) || scalar == spaced {
+		t.Errorf("a scalar %q and a [1] %q", scalar, spaced)
+	}
 	// A 1 GiB sparse input is keyed in bounded memory (a stream): the
 	// process's peak resident set stays under 64 MiB.
 	big := filepath.Join(dir, "big")
