@@ -113,44 +113,100 @@ def _dims(shape: Sequence[Any]) -> Tuple[int, ...]:
     return tuple(out)
 
 
+def _reshaped(own: Tuple[int, ...], shape: Optional[Sequence[int]]) -> Tuple[int, ...]:
+    """The shape a value is keyed and stored under: its own, or shape if
+    given and it holds as many elements (any other is refused, never
+    dropped: the key would be the value's own shape's)."""
+    if shape is None:
+        return own
+    sh = _dims(shape)
+    if math.prod(sh) != math.prod(own):
+        raise InvalidValue(f"shape {sh} does not hold the value's {math.prod(own)} elements (shape {own})")
+    return sh
+
+
+def _own_dtype(own: Optional[str], dtype: Optional[str], what: str, holds_bf16: bool) -> str:
+    """The dtype a value is keyed under: its own; dtype if given must be it
+    (bfloat16 bits may lie in 16-bit integers). Keyed under another dtype,
+    a value's bytes would be another tensor's (int32 1 is float32 1e-45)."""
+    if dtype is not None and dtype != own and not (dtype == "bfloat16" and holds_bf16):
+        raise InvalidValue(f"{what} cannot be a {dtype} value (only 16-bit integers hold bfloat16 bits)")
+    name = dtype or own
+    if name is None:
+        raise InvalidValue(f"{what} has no embcache dtype name; pass dtype=")
+    return name
+
+
+_FLOAT_FORMATS = {"e": "float16", "f": "float32", "d": "float64", "?": "bool"}
+
+
+def _check_buffer(data: Any, dtype: str) -> None:
+    """Refuses bytes-like data that cannot be dtype as it lies: big-endian,
+    not contiguous, or typed as another dtype (a float64 buffer read as
+    float32). Untyped bytes ('B', 'c') may be any dtype."""
+    try:
+        mv = memoryview(data)
+    except TypeError as e:
+        raise InvalidValue(f"tensor data: {e}") from e
+    with mv:
+        fmt = mv.format
+        if fmt[:1] in (">", "!"):
+            raise InvalidValue(f"tensor data in big-endian format {fmt!r}: values are little-endian")
+        if not mv.c_contiguous:
+            raise InvalidValue("tensor data is not C-contiguous: pass a contiguous copy")
+        char = fmt.lstrip("<=@")
+        if char in ("B", "c"):
+            return
+        if char in _FLOAT_FORMATS:
+            name: Optional[str] = _FLOAT_FORMATS[char]
+        elif char in ("b", "h", "i", "l", "q", "n"):
+            name = f"int{mv.itemsize * 8}"
+        elif char in ("H", "I", "L", "Q", "N"):
+            name = f"uint{mv.itemsize * 8}"
+        else:
+            name = None
+        if name != dtype and not (dtype == "bfloat16" and mv.itemsize == 2 and name in ("int16", "uint16")):
+            raise InvalidValue(f"tensor data in format {fmt!r} cannot be a {dtype} value")
+
+
 def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]]) -> Tuple[Any, str, Tuple[int, ...]]:
     """(bytes-like, dtype name, shape) of a numpy array, torch tensor or
-    Tensor (or bytes, with dtype and shape)."""
+    Tensor (or bytes, with dtype and shape). A dtype or shape given with a
+    value is checked against the value's own: a shape of as many elements
+    reshapes it; anything else is InvalidValue."""
     if isinstance(value, Tensor):
+        own = _dims(value.shape)
+        name = _own_dtype(value.dtype, dtype, f"a {value.dtype} Tensor", False)
         if _np is not None and isinstance(value.data, _np.ndarray):
             # Checked as an array is: its own dtype and byte order, not its bytes as they lie.
-            return tensor_parts(value.data, value.dtype, value.shape)
-        with memoryview(value.data) as mv:  # (data without the buffer protocol is refused as it was: TypeError)
-            if mv.format[:1] in (">", "!"):
-                raise InvalidValue(f"Tensor data in big-endian format {mv.format!r}: values are little-endian")
-        return value.data, value.dtype, _dims(value.shape)
+            data, name, own = tensor_parts(value.data, name, own)
+        else:
+            _check_buffer(value.data, name)
+            data = value.data
+        return data, name, _reshaped(own, shape)
     mod = type(value).__module__
     if mod.startswith("torch"):
         import torch
 
         t = value.detach().contiguous().cpu()
-        name = str(t.dtype).replace("torch.", "")
+        own_name = str(t.dtype).replace("torch.", "")
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().data, "bfloat16", tuple(t.shape)
-        if name not in _NUMPY_DTYPES:
+            arr = t.view(torch.int16).numpy()
+        elif own_name in _NUMPY_DTYPES:
+            arr = t.numpy()
+        else:
             raise InvalidValue(f"torch dtype {t.dtype} has no embcache name")
-        return t.numpy().data, name, tuple(t.shape)
+        name = _own_dtype(own_name, dtype, f"a torch {t.dtype} tensor", False)
+        return arr.data, name, _reshaped(tuple(int(d) for d in t.shape), shape)
     if _np is not None and isinstance(value, _np.ndarray):
         a = _np.ascontiguousarray(value)  # at least 1-d: the shape is value's (a 0-d array is not [x])
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        own = _FROM_NUMPY.get(a.dtype.name)
-        if dtype is not None and dtype != own and not (dtype == "bfloat16" and a.dtype.name in ("uint16", "int16")):
-            # Keyed under another dtype, an array's bytes would be another tensor's (int32 1 is float32 1e-45).
-            raise InvalidValue(f"a numpy {a.dtype} array cannot be a {dtype} value (only 16-bit integers hold bfloat16 bits)")
-        np_name = dtype or own
-        if np_name is None:
-            raise InvalidValue(f"numpy dtype {a.dtype} has no embcache name; pass dtype=")
-        sh = _dims(shape) if shape is not None else tuple(int(d) for d in value.shape)
-        if shape is not None and math.prod(sh) != a.size:
-            raise InvalidValue(f"shape {sh} does not hold the array's {a.size} elements")
-        return a.data, np_name, sh
+        name = _own_dtype(_FROM_NUMPY.get(a.dtype.name), dtype, f"a numpy {a.dtype} array",
+                          a.dtype.name in ("uint16", "int16"))
+        return a.data, name, _reshaped(tuple(int(d) for d in value.shape), shape)
     if isinstance(value, (bytes, bytearray, memoryview)) and dtype is not None and shape is not None:
+        _check_buffer(value, dtype)
         return value, dtype, _dims(shape)
     raise InvalidValue(f"a value of type {type(value).__name__}: want a numpy array, a torch tensor, Tensor, "
                        "Tokens or HiddenPrefix (or bytes with dtype= and shape=)")

@@ -8,6 +8,8 @@ from embcache import APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreproc
 
 from . import harness
 
+torch = harness.optional("torch")
+
 
 class KeyParityTest(unittest.TestCase):
     @classmethod
@@ -117,6 +119,46 @@ class KeyParityTest(unittest.TestCase):
         bf16 = self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]), dtype="bfloat16")
         self.assertEqual(bf16.key, self.cache.key_from_decoded_tensor(cfg, np.uint16([16256]).tobytes(),
                                                                         dtype="bfloat16", shape=(1,)).key)
+
+    def test_a_dtype_or_shape_given_with_a_value_is_honoured_or_refused(self):
+        # A torch tensor or a Tensor dropped dtype= and shape= silently: each
+        # took its own dtype's or shape's key where a numpy array of the same
+        # bytes took the one asked for, or was refused (a helper's hunt).
+        import array
+
+        import numpy as np
+        from embcache import InvalidValue
+        cfg = harness.config()
+        six = np.arange(6, dtype=np.float32)
+        want = self.cache.key_from_decoded_tensor(cfg, six.reshape(2, 3)).key
+        values = [six, Tensor(six.tobytes(), "float32", (6,)), Tensor(six, "float32", (6,))]
+        if torch is not None:
+            values.append(torch.from_numpy(six))
+        for v in values:
+            with self.subTest(type(v).__name__):
+                self.assertEqual(self.cache.key_from_decoded_tensor(cfg, v, shape=(2, 3)).key, want)
+                for dtype, shape in (("int32", None), (None, (2, 2)), ("bfloat16", None)):
+                    with self.assertRaises(InvalidValue, msg=f"{dtype} {shape}"):
+                        self.cache.key_from_decoded_tensor(cfg, v, dtype=dtype, shape=shape)
+        if torch is not None:
+            bits = np.arange(6, dtype=np.int16).reshape(2, 3)
+            self.assertEqual(self.cache.key_from_decoded_tensor(cfg, bits, dtype="bfloat16").key,
+                             self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits).view(torch.bfloat16)).key)
+            with self.assertRaises(InvalidValue):
+                self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits), dtype="bfloat16")
+        # Typed buffers are what their format says: float64 bytes are not
+        # float32 data; untyped bytes may be any dtype.
+        doubles = np.array([1.0, 2.0])
+        for data in (memoryview(doubles), array.array("d", [1.0, 2.0]), memoryview(six)[::2]):
+            with self.assertRaises(InvalidValue, msg=repr(data)):
+                self.cache.key_from_decoded_tensor(cfg, Tensor(data, "float32", (4,)))
+            with self.assertRaises(InvalidValue, msg=repr(data)):
+                self.cache.key_from_decoded_tensor(cfg, data, dtype="float32", shape=(4,))
+        self.assertEqual(self.cache.key_from_decoded_tensor(cfg, Tensor(array.array("f", six.tolist()), "float32", (2, 3))).key,
+                         want)
+        self.assertEqual(self.cache.key_from_decoded_tensor(cfg, memoryview(doubles.tobytes()), dtype="float32",
+                                                            shape=(4,)).key,
+                         self.cache.key_from_decoded_tensor(cfg, doubles.view(np.float32)).key)
 
     def test_a_string_that_is_not_text_is_refused(self):
         # Python writes an undecodable file name's byte as a lone surrogate;
