@@ -182,6 +182,9 @@ func TestKeyVectors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if v.Mode == "tokens" {
+			data = nil // a tokens request carries no data
+		}
 		got, err := c.Key(context.Background(), agent.KeyRequest{Config: v.Config, Mode: v.Mode, Data: data,
 			DType: v.DType, Shape: v.Shape, Tokens: v.Tokens, BlockSize: v.BlockSize})
 		if err != nil {
@@ -219,6 +222,50 @@ func TestKeyRejectsMissingField(t *testing.T) {
 	} {
 		if _, err := c.Key(context.Background(), req); !errors.As(err, &apiErr) || apiErr.Status != 400 {
 			t.Fatalf("%+v: %v", req, err)
+		}
+	}
+}
+
+// A key request holds the fields its mode keys, and only those: without
+// data (absent or null) a raw-bytes request was keyed as the empty input,
+// one key for every call that forgot it, and fields of another mode were
+// dropped (a helper's hunt found it).
+func TestKeyRequestFieldsFitTheMode(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	c := client(t, n)
+	cfg := string(testConfig())
+	empty, err := c.Key(context.Background(), agent.KeyRequest{Config: testConfig(), Mode: "raw-bytes", Data: []byte{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cachekey.DecodeConfig(testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, err := cachekey.FromRawBytes(cc, nil); err != nil || empty.Key != want.String() {
+		t.Fatalf("the empty input: %s, want %s (%v)", empty.Key, want, err)
+	}
+	for _, body := range []string{
+		`"mode":"raw-bytes"`,
+		`"mode":"raw-bytes","data":null`,
+		`"mode":"raw-bytes","data":"eA==","tokens":[1,2]`,
+		`"mode":"raw-bytes","data":"eA==","shape":[1]`,
+		`"mode":"raw-bytes","data":"eA==","block_size":16`,
+		`"mode":"decoded-tensor","dtype":"uint8","data":"eA=="`,
+		`"mode":"decoded-tensor","shape":[1],"data":"eA=="`,
+		`"mode":"decoded-tensor","dtype":"uint8","shape":[1]`,
+		`"mode":"decoded-tensor","dtype":"uint8","shape":[1],"data":"eA==","tokens":[1]`,
+		`"mode":"tokens"`,
+		`"mode":"tokens","tokens":[1,2],"data":"eA=="`,
+		`"mode":"tokens","tokens":[1,2],"dtype":"uint8"`,
+	} {
+		if code, err := rawPost(n.socket, "/v1/key", `{"config":`+cfg+`,`+body+`}`); err != nil || code != 400 {
+			t.Errorf("%s: %d %v, want a 400", body, code, err)
+		}
+	}
+	for _, body := range []string{`"mode":"raw-bytes","data":""`, `"mode":"decoded-tensor","dtype":"uint8","shape":[1],"data":"eA=="`} {
+		if code, err := rawPost(n.socket, "/v1/key", `{"config":`+cfg+`,`+body+`}`); err != nil || code != 200 {
+			t.Errorf("%s: %d %v, want a 200", body, code, err)
 		}
 	}
 }

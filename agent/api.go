@@ -13,10 +13,10 @@ import (
 type KeyRequest struct {
 	Config    json.RawMessage `json:"config"`               // a JSON object, decoded once into the config: numbers stay exact
 	Mode      string          `json:"mode"`                 // raw-bytes, decoded-tensor or tokens
-	Data      []byte          `json:"data,omitempty"`       // raw bytes or tensor data (base64 in JSON)
+	Data      []byte          `json:"data,omitzero"`        // raw bytes or tensor data (base64 in JSON): required, "" for no bytes (nil is absent)
 	DType     string          `json:"dtype,omitempty"`      // decoded-tensor
 	Shape     []int64         `json:"shape,omitzero"`       // decoded-tensor: required, [] for a scalar (nil is absent)
-	Tokens    []uint32        `json:"tokens,omitempty"`     // tokens
+	Tokens    []uint32        `json:"tokens,omitzero"`      // tokens: required (nil is absent)
 	BlockSize int             `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
 }
 
