@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -449,4 +450,47 @@ func TestSlotCutShort(t *testing.T) {
 		c.Abandon(ctx, got.Reservation, "test")
 	}
 	c.Release(ctx, "r2")
+}
+
+// TestKeyBytesNamesAreGivenOnce: each header and parameter of /v1/key/bytes
+// is given once and belongs to the mode. The first of two config headers
+// or shapes won, and a misspelt Shape= keyed the tensor as a scalar (a
+// helper's hunt found them).
+func TestKeyBytesNamesAreGivenOnce(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", n.socket)
+	}}}
+	defer hc.CloseIdleConnections()
+	other := testConfigMap()
+	other["tenant"] = "other"
+	post := func(query string, configs ...json.RawMessage) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://agent/v1/key/bytes?"+query, strings.NewReader("abcd"))
+		for _, c := range configs {
+			req.Header.Add(agent.ConfigHeader, string(c))
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("mode=decoded-tensor&dtype=uint8&shape=4", testConfig()); code != 200 {
+		t.Fatalf("a good call: %d", code)
+	}
+	for name, code := range map[string]int{
+		"two configs":   post("mode=raw-bytes", testConfig(), configJSON(other)),
+		"two shapes":    post("mode=decoded-tensor&dtype=uint8&shape=4&shape=2,2", testConfig()),
+		"two dtypes":    post("mode=decoded-tensor&dtype=uint8&dtype=int8&shape=4", testConfig()),
+		"two modes":     post("mode=raw-bytes&mode=decoded-tensor&dtype=uint8&shape=4", testConfig()),
+		"Shape":         post("mode=decoded-tensor&dtype=float32&Shape=2", testConfig()),
+		"raw's shape":   post("mode=raw-bytes&shape=4", testConfig()),
+		"unknown param": post("mode=raw-bytes&bogus=1", testConfig()),
+	} {
+		if code != 400 {
+			t.Errorf("%s: %d, want a 400", name, code)
+		}
+	}
 }

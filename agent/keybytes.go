@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strings"
 
 	"github.com/embcache/embcache/cachekey"
 )
@@ -33,6 +35,13 @@ func (s *Server) keyerOf(config string) (*cachekey.Keyer, error) {
 	return k, nil
 }
 
+// keyBytesParams are the parameters of each mode of /v1/key/bytes, beside
+// mode, slot and length.
+var keyBytesParams = map[string][]string{
+	cachekey.ModeRawBytes.String(): nil,
+	cachekey.ModeTensor.String():   {"dtype", "shape"},
+}
+
 // handleKeyBytes answers POST /v1/key/bytes?mode=raw-bytes (or
 // mode=decoded-tensor&dtype=D&shape=A,B,...): the key of the body's bytes
 // under the config in ConfigHeader. The body is streamed through BLAKE3 as
@@ -45,6 +54,26 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 	bad := func(format string, args ...any) {
 		s.fail(w, fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...)))
 	}
+	// Each name is given once, and only the mode's: a second config header
+	// or shape= was ignored (the first won), and a misspelt Shape= left the
+	// tensor keyed as a scalar.
+	if n := len(r.Header.Values(ConfigHeader)); n > 1 {
+		bad("the %s header is given %d times", ConfigHeader, n)
+		return
+	}
+	q := r.URL.Query()
+	mode := q.Get("mode")
+	params, knownMode := keyBytesParams[mode]
+	for name, vs := range q {
+		switch {
+		case len(vs) > 1:
+			bad("parameter %q is given %d times", name, len(vs))
+			return
+		case knownMode && !slices.Contains(params, name) && name != "mode" && name != "slot" && name != "length":
+			bad("parameter %q: mode %s takes %s", name, mode, strings.Join(slices.Concat(params, []string{"slot", "length"}), ", "))
+			return
+		}
+	}
 	config := r.Header.Get(ConfigHeader)
 	if config == "" {
 		bad("the %s header (the preprocessing config, a JSON object) is required", ConfigHeader)
@@ -55,8 +84,6 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 		bad("%v", err)
 		return
 	}
-	q := r.URL.Query()
-	mode := q.Get("mode")
 	// The input is the body, or the first length bytes of the connection's
 	// key slot (a shared-memory file the client wrote it into).
 	var input []byte
