@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -471,6 +472,17 @@ func TestBadRequests(t *testing.T) {
 	}
 	if _, err := c.Lookup(ctx, agent.KeyRef{Key: "zz", Tenant: "acme"}, "r"); !errors.As(err, &apiErr) || apiErr.Status != 400 {
 		t.Fatalf("bad key: %v", err)
+	}
+	// A bad tenant is the caller's error, not an internal one (a 500, which
+	// the Python client took for an outage and computed without the cache).
+	for _, tenant := range []string{"a.b", ">", ""} {
+		ref := agent.KeyRef{Key: strings.Repeat("a", 64), Tenant: tenant}
+		if _, err := c.Lookup(ctx, ref, "r"); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+			t.Fatalf("lookup, tenant %q: %v", tenant, err)
+		}
+		if _, err := c.Get(ctx, ref, "r"); !errors.As(err, &apiErr) || apiErr.Status != 400 {
+			t.Fatalf("get, tenant %q: %v", tenant, err)
+		}
 	}
 	ref := keyOf(t, c, "image-4")
 	resp, err := c.Lookup(ctx, ref, "r")

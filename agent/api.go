@@ -169,9 +169,15 @@ type Error struct {
 	Code  string `json:"code"` // bad_request, not_found, conflict, unavailable, internal
 }
 
+// refOf reads a request's key reference; a malformed key or tenant is the
+// caller's error (a tenant was refused only by the coordinator, as an
+// internal error the Python client took for an outage).
 func refOf(k KeyRef) (coordinator.Ref, error) {
 	key, err := cachekey.Parse(k.Key)
 	if err != nil {
+		return coordinator.Ref{}, err
+	}
+	if err := cachekey.ValidateTenant(k.Tenant); err != nil {
 		return coordinator.Ref{}, err
 	}
 	return coordinator.Ref{Tenant: k.Tenant, Key: key, Model: k.Model, Epoch: k.WeightEpoch}, nil

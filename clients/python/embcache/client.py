@@ -411,8 +411,9 @@ class EmbeddingCache:
 
     def _degrade(self, what: str, err: EmbcacheError, value: Any = None) -> None:
         """In strict mode raises err (carrying value, if compute_fn ran);
-        in degrade mode counts and logs it."""
-        if self.strict:
+        in degrade mode counts and logs it. BadRequest is raised in both:
+        a wrong key or value is a bug to fix, not an outage to ride out."""
+        if self.strict or isinstance(err, BadRequest):
             raise with_value(err, value)
         self._episode.failed(what, err)
 

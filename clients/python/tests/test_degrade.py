@@ -296,6 +296,22 @@ class ReservationTest(harness.ClusterCase):
             hit.close()
             c.cleanup_request("r1")
 
+    def test_a_bad_key_is_raised_not_ridden_out(self):
+        # A tenant the agent refuses was a 500 and the client took it for an
+        # outage: it computed without the cache and counted a degrade (a
+        # helper's hunt found it). A bad request is the caller's bug.
+        from embcache import BadRequest, EmbeddingCacheKey
+
+        with EmbeddingCache(self.sock) as c:
+            bad = EmbeddingCacheKey(key="c" * 64, tenant="a.b")
+            calls = []
+            with self.assertRaises(BadRequest):
+                c.get_or_compute(bad, lambda: calls.append(1) or VALUE, "r")
+            with self.assertRaises(BadRequest):
+                c.get(bad, "r")
+            self.assertEqual(calls, [])
+            self.assertEqual(c.degraded, 0)
+
 
 if __name__ == "__main__":
     logging.basicConfig()
