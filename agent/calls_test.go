@@ -62,6 +62,15 @@ func TestKeyBytes(t *testing.T) {
 	if got, err := c.KeyBytes(ctx, testConfig(), "decoded-tensor", "float32", []int64{}, bytes.NewReader(scalar)); err != nil || got.KeyRef != want.KeyRef {
 		t.Fatalf("a scalar: %+v %v, want %+v", got, err, want)
 	}
+	// A config as a file holds it (indented, over lines) is the same config:
+	// it was refused by the HTTP transport, a header holding no newline.
+	indented, err := json.MarshalIndent(testConfigMap(), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.KeyBytes(ctx, indented, "decoded-tensor", "float32", []int64{}, bytes.NewReader(scalar)); err != nil || got.KeyRef != want.KeyRef {
+		t.Fatalf("an indented config: %+v %v, want %+v", got, err, want)
+	}
 	noEpoch := testConfigMap()
 	delete(noEpoch, "weight_epoch")
 	for name, call := range map[string]func() error{

@@ -138,9 +138,17 @@ func (c *Client) KeyBytes(ctx context.Context, config json.RawMessage, mode, dty
 			q.Set("shape", strings.Join(dims, ","))
 		}
 	}
+	// A header holds no newline: a config file as written (indented JSON)
+	// is sent compacted, as the same object.
+	// (A config that is no JSON is sent as it is, for the agent to refuse.)
+	header := string(config)
+	var compact bytes.Buffer
+	if json.Compact(&compact, config) == nil {
+		header = compact.String()
+	}
 	var resp KeyResponse
 	return resp, c.do(ctx, http.MethodPost, "/v1/key/bytes?"+q.Encode(), "application/octet-stream",
-		http.Header{ConfigHeader: {string(config)}}, data, &resp)
+		http.Header{ConfigHeader: {header}}, data, &resp)
 }
 
 // Get returns a hit, or a miss (Status StatusMiss): it never reserves the
