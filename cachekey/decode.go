@@ -13,9 +13,12 @@ import (
 	"unicode/utf8"
 )
 
-// MaxConfigBytes bounds a config's JSON text: the largest valid config
-// (every string at MaxStringLen, 64 floats per list) is under 64 KiB.
-const MaxConfigBytes = 96 << 10
+// MaxConfigBytes bounds a config's JSON text. The largest valid config,
+// as an encoder writes it, is under it: every string at MaxStringLen of
+// bytes that each escape to six (a control byte is \u0001; Go's
+// encoding/json writes & < > so too), 64 floats per list. At 96 KiB,
+// valid configs that json.Marshal wrote were refused.
+const MaxConfigBytes = 256 << 10
 
 // DecodeConfig decodes the JSON text of a config (docs/protocol.md section
 // 1.1) strictly, and validates it: every field present, under its exact

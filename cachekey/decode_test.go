@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -105,4 +106,46 @@ func TestDecodeConfigEveryField(t *testing.T) {
 			t.Errorf("field %d (%s): %v", i, configFieldOrder[i], err)
 		}
 	}
+}
+
+// TestTheLargestConfigDecodes: a valid config of every string at
+// MaxStringLen, each byte one that encoding/json escapes to six, and full
+// lists decodes from what json.Marshal writes of it (at 96 KiB such a
+// config was refused: a helper's hunt).
+func TestTheLargestConfigDecodes(t *testing.T) {
+	cfg := imageConfig()
+	v := reflect.ValueOf(&cfg).Elem()
+	long := 0
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.String {
+			continue
+		}
+		was := f.String()
+		f.SetString(strings.Repeat("&", MaxStringLen))
+		if cfg.Validate() != nil { // a field of fixed values (modality, tenant, dtype)
+			f.SetString(was)
+			continue
+		}
+		long++
+	}
+	cfg.NormalizeMean = slices.Repeat([]float64{-1.2345678901234567e-300}, 64)
+	cfg.NormalizeStd = slices.Repeat([]float64{-1.2345678901234567e-300}, 64)
+	if err := cfg.Validate(); err != nil || long < 6 {
+		t.Fatalf("%v (%d long strings)", err, long)
+	}
+	text, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeConfig(text)
+	if err != nil {
+		t.Fatalf("%d bytes: %v", len(text), err)
+	}
+	want, err1 := FromRawBytes(cfg, nil)
+	key, err2 := FromRawBytes(got, nil)
+	if err1 != nil || err2 != nil || key != want {
+		t.Fatalf("decoded to another key: %v %v", err1, err2)
+	}
+	t.Logf("%d long strings, %d bytes of JSON", long, len(text))
 }

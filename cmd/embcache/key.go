@@ -25,7 +25,7 @@ func newKey() *cobra.Command {
 		Short: "Print the content-addressed key of an input",
 		Long: "key prints {\"key\": \"<64 hex>\", \"mode\": \"...\"} for an input under a preprocessing config\n" +
 			"(a JSON file with every field of docs/protocol.md section 1, under its exact name, once; at most\n" +
-			"96 KiB). --raw and --tensor are read as a stream through BLAKE3: memory stays under a few MiB\n" +
+			"256 KiB). --raw and --tensor are read as a stream through BLAKE3: memory stays under a few MiB\n" +
 			"whatever the input's size (a file, a pipe, /dev/stdin). --tokens reads whitespace-separated token\n" +
 			"ids. An invalid config or input exits with status 2 and names the field.",
 		Args: cobra.NoArgs,
