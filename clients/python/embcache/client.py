@@ -6,6 +6,7 @@ import errno
 import functools
 import json
 import logging
+import numbers
 import mmap
 import os
 import threading
@@ -17,8 +18,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type
 
 from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
 from .connection import Connection, Pool, ProtocolError
-from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, ReservationEnded,
-                     StoreFull, api_error, with_value)
+from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
+                     ReservationEnded, StoreFull, api_error, with_value)
 from .values import Embedding, Mappings, Tensor, _token_list, parts_of, tensor_parts
 
 log = logging.getLogger("embcache")
@@ -532,7 +533,9 @@ class EmbeddingCache:
     def key_from_tokens(self, config: EncoderPreprocessingConfig, tokens: Sequence[int],
                         block_size: int = 0) -> Optional[EmbeddingCacheKey]:
         """The key of a token sequence; prefix_keys holds each whole block prefix's."""
-        body = {"config": config.to_wire(), "mode": "tokens", "tokens": _token_list(tokens), "block_size": block_size}
+        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 0:
+            raise InvalidValue(f"block_size is a non-negative integer (0: the default), not {block_size!r}")
+        body = {"config": config.to_wire(), "mode": "tokens", "tokens": _token_list(tokens), "block_size": int(block_size)}
         return self._key(lambda: self._call("POST", "/v1/key", body, retry=True))
 
     # -- the cache ---------------------------------------------------------

@@ -97,6 +97,12 @@ class KeyParityTest(unittest.TestCase):
                 self.cache.key_from_tokens(cfg, tokens)
         self.assertEqual(self.cache.key_from_tokens(cfg, np.array([1, 2, 3], np.int64)).key,
                          self.cache.key_from_tokens(cfg, [1, 2, 3]).key)
+        # A numpy block size raised TypeError from json; 16.0 and True were sent.
+        self.assertEqual(self.cache.key_from_tokens(cfg, [1, 2, 3], np.int64(16)).key,
+                         self.cache.key_from_tokens(cfg, [1, 2, 3], 16).key)
+        for size in (16.0, True, -1):
+            with self.assertRaises(InvalidValue, msg=repr(size)):
+                self.cache.key_from_tokens(cfg, [1, 2, 3], size)
         cfg = harness.config()
         little = np.arange(6, dtype="<f4").reshape(2, 3)
         big = little.astype(">f4")
