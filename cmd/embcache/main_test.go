@@ -139,7 +139,7 @@ func TestKeyRefusesLenientConfigs(t *testing.T) {
 		"after the config":    good + `{"tenant":"other"}`,
 		"image_size":          strings.Replace(good, `[448,448]`, `[448,448,3]`, 1),
 		"tenant: given twice": strings.Replace(good, `{`, `{"tenant":"x",`, 1),
-		"at most":             `{"model_id":"` + strings.Repeat("x", 100<<10) + `"}`,
+		"at most":             `{"model_id":"` + strings.Repeat("x", cachekey.MaxConfigBytes) + `"}`,
 	} {
 		_, stderr, code := run(t, "key", "--config", write("bad", text), "--raw", input)
 		if code != 2 || !strings.Contains(stderr, field) {
