@@ -138,6 +138,11 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	c.router = s.router
 	c.owner = s.node + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(nonce[:])
 	if err := c.connectStore(ctx); err != nil {
+		if errors.Is(err, lease.ErrShards) {
+			// A bucket of another shard count is a config to fix, never an
+			// outage that ends: refused in both modes.
+			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
 		if s.mode == ModeStrict {
 			return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(nc), err)
 		}

@@ -274,3 +274,20 @@ func TestDegradeThenResume(t *testing.T) {
 		t.Fatalf("degraded %d", a.Stats().Degraded)
 	}
 }
+
+// TestAShardCountOtherThanTheBucketsIsRefused: a process started with
+// another shard count than the bucket's logged "store unreachable,
+// computing locally until it is back" and served degraded for good; it is
+// an option error in either mode.
+func TestAShardCountOtherThanTheBucketsIsRefused(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	newCache(t, srv.ClientURL(), store) // creates the bucket: one shard
+	for _, mode := range []Mode{ModeDegrade, ModeStrict} {
+		_, err := New(context.Background(), connect(t, srv.ClientURL()), route(t, payload.TransportMemory, store),
+			WithNode("test-node"), WithLeaseShards(3), WithMode(mode))
+		if !errors.Is(err, ErrInvalidOption) || !errors.Is(err, lease.ErrShards) {
+			t.Fatalf("%v: %v, want ErrInvalidOption and lease.ErrShards", mode, err)
+		}
+	}
+}

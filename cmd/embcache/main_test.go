@@ -447,3 +447,14 @@ func TestSpeedupText(t *testing.T) {
 		}
 	}
 }
+
+// TestALeaseShardCountOtherThanTheBucketsExits2: it served degraded for
+// good, logging "store unreachable ... until it is back" (a walkthrough
+// found it); docs/operations.md says it refuses to start.
+func TestALeaseShardCountOtherThanTheBucketsExits2(t *testing.T) {
+	url, _, _ := startServe(t)
+	_, stderr, code := run(t, "worker", "--nats", url, "--lease-shards", "3", "--shm-dir", t.TempDir())
+	if code != 2 || !strings.Contains(stderr, "created with 1 shards, not 3") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/internal/exporter"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -81,7 +82,7 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 		return nil, nodeError(err)
 	}
 	if err := n.Start(ctx); err != nil {
-		return nil, err
+		return nil, nodeError(err)
 	}
 	return n, nil
 }
@@ -94,9 +95,10 @@ func printPayloadAddr(w io.Writer, command string, n *node.Node) {
 }
 
 // nodeError makes node.New's errors usage errors: flags that do not go
-// together, or a transport this binary lacks.
+// together, a --lease-shards other than the bucket's, or a transport this
+// binary lacks.
 func nodeError(err error) error {
-	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) {
+	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) || errors.Is(err, lease.ErrShards) {
 		return usageError{err}
 	}
 	return err
