@@ -38,7 +38,34 @@ func newRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemo(), newWorker(), newServe(), newKey(), newLeases(), newEvents(), newStats(),
 		newInvalidate(), newLoadgen(), newHealth(), newAgent(), newVersion())
+	argsAreUsage(root)
 	return root
+}
+
+// argsAreUsage makes every command's argument errors usage errors (exit
+// 2): a wrong number of arguments, and an unknown command, which cobra
+// reports from the parent's argument check (it exited 1, and under a
+// group, 'leases list', printed the group's help and exited 0).
+func argsAreUsage(c *cobra.Command) {
+	check := c.Args
+	if check == nil {
+		check = cobra.NoArgs // what cobra checks by default of a command with subcommands (legacyArgs)
+		if !c.HasSubCommands() {
+			check = cobra.ArbitraryArgs
+		}
+	}
+	if !c.Runnable() { // a group: cobra checks no arguments of a command that does not run
+		c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	c.Args = func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+	for _, sub := range c.Commands() {
+		argsAreUsage(sub)
+	}
 }
 
 func main() {

@@ -100,6 +100,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"key"},
 		{"invalidate", "--tenant", "a.b", "--model", "m", "--epoch", "1"},
 		{"leases", "get", "nodot"},
+		{"stat"},           // an unknown command: exit 1
+		{"leases", "list"}, // under a group: its help, exit 0
+		{"leases", "get"},  // a wrong number of arguments: exit 1
+		{"version", "x"},
 	} {
 		if _, stderr, code := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)
