@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -36,6 +37,12 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 }
 
 func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
+	if strings.TrimSpace(c.url) == "" {
+		return nil, nil, usagef("--nats is empty: give the NATS server URL(s)")
+	}
+	if c.timeout <= 0 {
+		return nil, nil, usagef("--timeout %v: want a duration above 0", c.timeout)
+	}
 	opts := []nats.Option{nats.Name("embcache-cli"), nats.Timeout(c.timeout)}
 	if c.user != "" {
 		opts = append(opts, nats.UserInfo(c.user, c.pass))
@@ -239,12 +246,17 @@ func newStats() *cobra.Command {
 				ctx, cancel = context.WithTimeout(ctx, 3*cf.timeout)
 			}
 			defer cancel()
+			// What exists is printed; a bucket or stream not created yet
+			// is then the error (exit 1), as is one that did not answer.
 			sum, err := inspect.Summarize(ctx, js, live)
-			if err != nil {
+			if err != nil && !errors.Is(err, inspect.ErrNotCreated) {
 				return err
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), sum)
+				if jerr := writeJSON(cmd.OutOrStdout(), sum); jerr != nil {
+					return jerr
+				}
+				return err
 			}
 			w := cmd.OutOrStdout()
 			if b := sum.Bucket; b != nil {
@@ -260,7 +272,7 @@ func newStats() *cobra.Command {
 					fmt.Fprintf(w, "live     %d values (%d undecodable events skipped)\n", *sum.LiveValues, *sum.UndecodableEvents)
 				}
 			}
-			return nil
+			return err
 		},
 	}
 	cf.register(cmd.Flags())

@@ -462,3 +462,36 @@ func TestALeaseShardCountOtherThanTheBucketsExits2(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 }
+
+// TestStatsSaysWhatIsMissing: against a server no process has used, stats
+// printed the stream's line alone and exited 0; an expired request printed
+// nothing and exited 0 (a walkthrough found them).
+func TestStatsSaysWhatIsMissing(t *testing.T) {
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()}) // JetStream, no bucket, no stream
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if _, stderr, code := run(t, "stats", "--nats", srv.ClientURL()); code != 1 || !strings.Contains(stderr, "bucket EMBCACHE_LEASES and stream EMBCACHE_EVENTS") {
+		t.Fatalf("no bucket, no stream: exit %d: %s", code, stderr)
+	}
+	url, _, _ := startServe(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := js.DeleteKeyValue(context.Background(), lease.DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := run(t, "stats", "--nats", url)
+	if code != 1 || !strings.Contains(stderr, "bucket EMBCACHE_LEASES") || !strings.Contains(out, "EMBCACHE_EVENTS") {
+		t.Fatalf("exit %d: %s%s", code, out, stderr)
+	}
+	for _, args := range [][]string{{"--timeout", "0"}, {"--timeout", "-1s"}, {"--nats", ""}} {
+		if _, stderr, code := run(t, append([]string{"stats"}, args...)...); code != 2 {
+			t.Errorf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+}

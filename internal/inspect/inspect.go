@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/embcache/embcache/events"
@@ -18,6 +19,10 @@ import (
 
 // ErrNoRecord is returned by Record for a key the bucket does not hold.
 var ErrNoRecord = errors.New("inspect: no such lease or record")
+
+// ErrNotCreated is returned by Summarize, with what it found, when the
+// lease bucket or the event stream does not exist.
+var ErrNotCreated = errors.New("inspect: not created")
 
 // Bucket binds the lease bucket and its shards.
 func Bucket(ctx context.Context, nc *nats.Conn) (*lease.Bucket, error) {
@@ -127,7 +132,13 @@ type StreamSummary struct {
 // 200 MB per million values).
 func Summarize(ctx context.Context, js jetstream.JetStream, live bool) (Summary, error) {
 	var s Summary
-	if b, err := Bucket(ctx, js.Conn()); err == nil {
+	var missing []string
+	switch b, err := Bucket(ctx, js.Conn()); {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		missing = append(missing, "bucket "+lease.DefaultBucket)
+	case err != nil:
+		return s, err // unreachable or too slow: never an empty summary
+	default:
 		s.Bucket = &BucketSummary{Name: b.Name()}
 		for _, kv := range b.Shards() {
 			st, err := kv.Status(ctx)
@@ -143,14 +154,21 @@ func Summarize(ctx context.Context, js jetstream.JetStream, live bool) (Summary,
 		}
 	}
 	stream, err := js.Stream(ctx, events.StreamName)
-	if err != nil {
-		return s, nil // no stream: the bucket's part alone
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		missing = append(missing, "stream "+events.StreamName)
+		return s, fmt.Errorf("%w: %s (has no process connected to this server yet?)", ErrNotCreated, strings.Join(missing, " and "))
+	case err != nil:
+		return s, err
 	}
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return s, err
 	}
 	s.Events = &StreamSummary{Stream: events.StreamName, Messages: info.State.Msgs, Bytes: info.State.Bytes}
+	if len(missing) > 0 {
+		return s, fmt.Errorf("%w: %s (has no process connected to this server yet?)", ErrNotCreated, strings.Join(missing, " and "))
+	}
 	if !live {
 		return s, nil
 	}
