@@ -11,8 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +21,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	embnode "github.com/embcache/embcache/node"
+	"github.com/embcache/embcache/payload/shm"
 	"go.uber.org/goleak"
 )
 
@@ -32,6 +33,7 @@ type node struct {
 	socket string
 	srv    *agent.Server
 	cache  *coordinator.Cache
+	store  *shm.Store
 	slots  string // the slot directory
 }
 
@@ -88,7 +90,7 @@ func startNode(t testing.TB, url, name string, edits ...func(*embnode.Options)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{socket: filepath.Join(dir, "agent.sock"), srv: srv, cache: cache, slots: store.Dir() + ".slots"}
+	n := &node{socket: filepath.Join(dir, "agent.sock"), srv: srv, cache: cache, store: store, slots: store.Dir() + ".slots"}
 	ul, err := net.Listen("unix", n.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -875,4 +877,30 @@ func TestACommitCountsNoHit(t *testing.T) {
 	if s := n.cache.Stats(); s.LocalHits != 0 || s.Local.Hits != 0 {
 		t.Fatalf("a commit nobody read counted hits: %+v", s)
 	}
+}
+
+// TestOneAgentPerSlotDirectory: a second agent on a running one's
+// --shm-dir emptied its slot directory under its clients (a walkthrough's
+// client then failed, its slot file gone); it is refused, and the
+// directory is free again once the first has shut down.
+func TestOneAgentPerSlotDirectory(t *testing.T) {
+	n := startNode(t, startServer(t).ClientURL(), "n1")
+	slot := filepath.Join(n.slots, "a-client-slot") // as a client's slot lies
+	if err := os.WriteFile(slot, []byte("value"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.New(n.cache, n.store); !errors.Is(err, agent.ErrSlotDirInUse) {
+		t.Fatalf("a second agent: %v", err)
+	}
+	if _, err := os.Stat(slot); err != nil {
+		t.Fatalf("the first agent's slot: %v", err)
+	}
+	if err := n.srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := agent.New(n.cache, n.store)
+	if err != nil {
+		t.Fatalf("after the first agent's shutdown: %v", err)
+	}
+	srv.Shutdown(context.Background())
 }

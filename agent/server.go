@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -41,6 +42,10 @@ var (
 	// reservation that was not committed within the compute timeout; the
 	// key is free for another process to compute.
 	ErrComputeTimeout = errors.New("agent: the reservation ran past the compute timeout")
+	// ErrSlotDirInUse is returned by New when another running agent holds
+	// the slot directory (one agent per --shm-dir): starting would have
+	// removed that agent's slots under its clients.
+	ErrSlotDirInUse = errors.New("agent: the slot directory is another running agent's")
 	// errCommitted is what a reservation that was committed ended with: a
 	// second commit of it is refused (410, code reservation_ended).
 	errCommitted = fmt.Errorf("%w: it was committed", ErrReservationEnded)
@@ -48,13 +53,15 @@ var (
 
 // Server is a node agent's API. Serve it on a Unix socket.
 type Server struct {
-	cache    *coordinator.Cache
-	store    *shm.Store
-	slotDir  string
-	maxBody  int64
-	logger   *slog.Logger
-	http     *http.Server
-	sessions sync.Map // net.Conn -> *session
+	cache      *coordinator.Cache
+	store      *shm.Store
+	slotDir    string
+	slotLock   *os.File // the slot directory, flock(2)ed while this agent runs
+	unlockOnce sync.Once
+	maxBody    int64
+	logger     *slog.Logger
+	http       *http.Server
+	sessions   sync.Map // net.Conn -> *session
 
 	mu           sync.Mutex
 	reservations map[string]*reservation
@@ -144,6 +151,13 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	if err := os.Chmod(s.slotDir, slotDirMode); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
+	var err error
+	// One agent per slot directory: a second one emptied the first's
+	// slots under its clients. The lock goes with the process, even
+	// killed; Shutdown releases it.
+	if s.slotLock, err = lockDir(s.slotDir); err != nil {
+		return nil, err
+	}
 	// Slots of an agent that was killed: no connection of this one owns them.
 	if stale, err := filepath.Glob(filepath.Join(s.slotDir, "*")); err == nil {
 		for _, p := range stale {
@@ -200,7 +214,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		v.(*session).end()
 		return true
 	})
+	s.unlockOnce.Do(func() { s.slotLock.Close() })
 	return err
+}
+
+// lockDir takes dir's exclusive flock(2), or fails at once with
+// ErrSlotDirInUse if another process holds it.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("agent: slot directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (give each agent its own --shm-dir)", ErrSlotDirInUse, dir)
+		}
+		return nil, fmt.Errorf("agent: slot directory %s: lock: %w", dir, err)
+	}
+	return f, nil
 }
 
 // Stats returns the agent's counters and its cache's.
