@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,5 +233,30 @@ func TestClustersHaveTheirOwnNames(t *testing.T) {
 	}
 	if names[0] == names[1] {
 		t.Fatalf("two clusters named %q", names[0])
+	}
+}
+
+// TestOneServerPerStoreDir: a second server on a running one's StoreDir
+// started and wrote the same streams' files (a walkthrough's two serve
+// commands both said ready, their byte counts drifting apart). It is
+// refused; the directory is free again after Shutdown. A StoreDir that
+// cannot be made is said so at once (it was "server not ready" after 10 s).
+func TestOneServerPerStoreDir(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Start(Options{StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Start(Options{StoreDir: dir}); !errors.Is(err, ErrStoreDirInUse) {
+		t.Fatalf("a second server: %v, want ErrStoreDirInUse", err)
+	}
+	s.Shutdown()
+	if err := s.Restart(); err != nil {
+		t.Fatalf("after shutdown: %v", err)
+	}
+	s.Shutdown()
+	if _, err := Start(Options{StoreDir: "/proc/no-store", ReadyTimeout: time.Minute}); err == nil ||
+		errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "store directory") {
+		t.Fatalf("an impossible StoreDir: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -21,6 +22,11 @@ var ErrNotReady = errors.New("embedded: server not ready")
 // ErrPortInUse is returned when a node's client or route port is taken
 // (by another process, or by another node of this one) as it starts.
 var ErrPortInUse = errors.New("embedded: port in use")
+
+// ErrStoreDirInUse is returned when another running server (of this
+// process or another) holds the node's StoreDir: two servers on one store
+// both started and wrote the same streams' files.
+var ErrStoreDirInUse = errors.New("embedded: store directory in use")
 
 // Options configures one node. The zero value (plus a StoreDir) is a
 // single loopback node on a free port with SyncAlways.
@@ -66,8 +72,9 @@ type Options struct {
 type Server struct {
 	opts Options
 
-	mu  sync.Mutex
-	srv *server.Server // nil while stopped; guarded by mu
+	mu   sync.Mutex
+	srv  *server.Server // nil while stopped; guarded by mu
+	lock *os.File       // StoreDir, flock(2)ed while running; guarded by mu
 }
 
 // Start starts a node and waits until it accepts connections.
@@ -143,8 +150,13 @@ func (s *Server) start() error {
 	if err := s.checkPorts(); err != nil {
 		return err
 	}
+	lock, err := lockStoreDir(s.opts.StoreDir)
+	if err != nil {
+		return err
+	}
 	srv, err := server.NewServer(o)
 	if err != nil {
+		lock.Close()
 		return fmt.Errorf("embedded: %w", err)
 	}
 	if s.opts.Logs {
@@ -154,12 +166,34 @@ func (s *Server) start() error {
 	if !srv.ReadyForConnections(s.opts.ReadyTimeout) {
 		srv.Shutdown()
 		srv.WaitForShutdown()
+		lock.Close()
 		return fmt.Errorf("%w: %s after %v", ErrNotReady, s.ClientURL(), s.opts.ReadyTimeout)
 	}
 	s.mu.Lock()
-	s.srv = srv
+	s.srv, s.lock = srv, lock
 	s.mu.Unlock()
 	return nil
+}
+
+// lockStoreDir makes dir if need be and takes its exclusive flock(2), or
+// fails at once with ErrStoreDirInUse. The lock goes with the process,
+// even killed.
+func lockStoreDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("embedded: store directory: %w", err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: store directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is another running server's", ErrStoreDirInUse, dir)
+		}
+		return nil, fmt.Errorf("embedded: store directory %s: lock: %w", dir, err)
+	}
+	return f, nil
 }
 
 // checkPorts fails with ErrPortInUse when the client or route port cannot
@@ -224,12 +258,15 @@ func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 // disk for Restart. It is safe to call on a stopped node.
 func (s *Server) Shutdown() {
 	s.mu.Lock()
-	srv := s.srv
-	s.srv = nil
+	srv, lock := s.srv, s.lock
+	s.srv, s.lock = nil, nil
 	s.mu.Unlock()
 	if srv != nil {
 		srv.Shutdown()
 		srv.WaitForShutdown()
+	}
+	if lock != nil {
+		lock.Close() // after the server's files are closed
 	}
 }
 
