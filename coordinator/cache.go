@@ -88,7 +88,9 @@ type Cache struct {
 // New returns a Cache over the NATS connection nc (which the caller keeps
 // and closes), creating the bucket if it is absent. If the bucket cannot
 // be reached, ModeStrict fails with ErrStoreUnavailable naming the
-// server; ModeDegrade starts anyway and keeps trying in the background.
+// server; ModeDegrade starts anyway and keeps trying in the background. A
+// bucket of another shard count than WithLeaseShards is ErrInvalidOption
+// (wrapping lease.ErrShards) in both modes.
 func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if nc == nil {
 		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)

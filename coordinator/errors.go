@@ -25,7 +25,8 @@ var (
 	// ErrNoTransport is returned when no configured transport can fetch a
 	// Location. It is payload.ErrNoTransport.
 	ErrNoTransport = payload.ErrNoTransport
-	// ErrInvalidOption is returned by New for an option out of range.
+	// ErrInvalidOption is returned by New for an option out of range, or a
+	// WithLeaseShards other than the bucket's.
 	ErrInvalidOption = errors.New("coordinator: invalid option")
 	// ErrTenant is returned for a key of a tenant the Cache does not serve
 	// (see WithTenants).

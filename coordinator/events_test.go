@@ -480,7 +480,7 @@ func TestShardedBucket(t *testing.T) {
 	a := eventCache(t, srv.ClientURL(), store, WithLeaseShards(3), WithStoreTTL(2*time.Second))
 	rec := activeReconciler(t, srv.ClientURL(), store)
 	b := eventCache(t, srv.ClientURL(), store, WithStoreTTL(2*time.Second))
-	if _, err := New(context.Background(), connect(t, srv.ClientURL()), WithLeaseShards(2), WithNode("test-node"), WithMode(ModeStrict)); !errors.Is(err, ErrStoreUnavailable) ||
+	if _, err := New(context.Background(), connect(t, srv.ClientURL()), WithLeaseShards(2), WithNode("test-node"), WithMode(ModeStrict)); !errors.Is(err, ErrInvalidOption) ||
 		!strings.Contains(err.Error(), "3 shards") {
 		t.Fatalf("a cache asking for 2 shards of a bucket of 3: %v", err)
 	}
