@@ -16,11 +16,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/internal/dirlock"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -218,19 +218,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// lockDir takes dir's exclusive flock(2), or fails at once with
-// ErrSlotDirInUse if another process holds it.
+// lockDir takes dir's lock, or fails at once with ErrSlotDirInUse if
+// another agent holds it.
 func lockDir(dir string) (*os.File, error) {
-	f, err := os.Open(dir)
+	f, err := dirlock.Lock(dir)
+	if errors.Is(err, dirlock.ErrHeld) {
+		return nil, fmt.Errorf("%w: %s (give each agent its own --shm-dir)", ErrSlotDirInUse, dir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s (give each agent its own --shm-dir)", ErrSlotDirInUse, dir)
-		}
-		return nil, fmt.Errorf("agent: slot directory %s: lock: %w", dir, err)
 	}
 	return f, nil
 }

@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/embcache/embcache/internal/dirlock"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -175,23 +175,18 @@ func (s *Server) start() error {
 	return nil
 }
 
-// lockStoreDir makes dir if need be and takes its exclusive flock(2), or
-// fails at once with ErrStoreDirInUse. The lock goes with the process,
-// even killed.
+// lockStoreDir makes dir if need be and takes its lock, or fails at once
+// with ErrStoreDirInUse.
 func lockStoreDir(dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded: store directory: %w", err)
 	}
-	f, err := os.Open(dir)
+	f, err := dirlock.Lock(dir)
+	if errors.Is(err, dirlock.ErrHeld) {
+		return nil, fmt.Errorf("%w: %s is another running server's", ErrStoreDirInUse, dir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("embedded: store directory: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is another running server's", ErrStoreDirInUse, dir)
-		}
-		return nil, fmt.Errorf("embedded: store directory %s: lock: %w", dir, err)
 	}
 	return f, nil
 }
