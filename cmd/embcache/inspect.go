@@ -36,6 +36,22 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS")
 }
 
+// tenantFlag checks a --tenant flag (required, or "" for every tenant):
+// its error names the flag, not a preprocessing config.
+func tenantFlag(tenant string, required bool) error {
+	if tenant == "" && !required {
+		return nil
+	}
+	if tenant == "" {
+		return usagef("--tenant is required")
+	}
+	if err := cachekey.ValidateTenant(tenant); err != nil {
+		_, why, _ := strings.Cut(err.Error(), "tenant: ")
+		return usagef("--tenant %q: %s", tenant, why)
+	}
+	return nil
+}
+
 func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 	if strings.TrimSpace(c.url) == "" {
 		return nil, nil, usagef("--nats is empty: give the NATS server URL(s)")
@@ -88,10 +104,8 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 		Short: "List lease and record keys (<tenant>.<keyhex>; invalidation tombstones <tenant>.inv.<keyhex>)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if tenant != "" {
-				if err := cachekey.ValidateTenant(tenant); err != nil {
-					return usageError{err}
-				}
+			if err := tenantFlag(tenant, false); err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
@@ -197,10 +211,10 @@ func newEvents() *cobra.Command {
 				}
 				opts.Kinds = []events.Kind{k}
 			}
+			if err := tenantFlag(tenant, false); err != nil {
+				return err
+			}
 			if tenant != "" {
-				if err := cachekey.ValidateTenant(tenant); err != nil {
-					return usageError{err}
-				}
 				opts.Tenants = []string{tenant}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -295,8 +309,8 @@ func newInvalidate() *cobra.Command {
 			"payloads. Use it after updating a model's weights in place (docs/protocol.md 4.4).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cachekey.ValidateTenant(tenant); err != nil {
-				return usageError{err}
+			if err := tenantFlag(tenant, true); err != nil {
+				return err
 			}
 			if model == "" || !cmd.Flags().Changed("epoch") {
 				return usagef("--model and --epoch are required")

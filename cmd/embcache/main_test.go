@@ -109,6 +109,16 @@ func TestUsageErrorsExit2(t *testing.T) {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)
 		}
 	}
+	// A flag's error names the flag (it named a "preprocessing config").
+	for _, tc := range []struct{ want, args string }{
+		{"--tenant is required", "invalidate --model m --epoch 1"},
+		{`--tenant "de*": byte 2`, "leases ls --tenant de*"},
+		{`--tenant "a.b"`, "events tail --tenant a.b"},
+	} {
+		if _, stderr, code := run(t, strings.Fields(tc.args)...); code != 2 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "config") {
+			t.Errorf("%s: exit %d: %s", tc.args, code, stderr)
+		}
+	}
 	if _, stderr, code := run(t, "stats", "--nats", "nats://127.0.0.1:1", "--timeout", "200ms"); code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
 		t.Errorf("stats against no server: exit %d: %s", code, stderr)
 	}
