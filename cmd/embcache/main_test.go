@@ -93,6 +93,7 @@ func TestDemoJSON(t *testing.T) {
 }
 
 func TestUsageErrorsExit2(t *testing.T) {
+	shm := t.TempDir()
 	for _, args := range [][]string{
 		{"demo", "--unique", "0"},
 		{"demo", "--no-such-flag"},
@@ -104,6 +105,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"leases", "list"}, // under a group: its help, exit 0
 		{"leases", "get"},  // a wrong number of arguments: exit 1
 		{"version", "x"},
+		// Flag values the node refuses (they exited 1; --lease-ttl 0s ran with the default).
+		{"worker", "--lease-ttl", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"worker", "--advertise", "not-a-url", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"agent", "--socket", filepath.Join(shm, "a.sock"), "--compute-timeout", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 	} {
 		if _, stderr, code := run(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, stderr)

@@ -66,6 +66,11 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 // combination of flags, or a transport this binary lacks, is a usage error.
 func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporter.Exporter, extra ...coordinator.Option) (*node.Node, error) {
 	o := f.o
+	// Zero is the library's "default": typed on the command line it is a
+	// mistake (--lease-ttl 0s ran with 5s while 1ms was refused).
+	if o.LeaseTTL <= 0 || o.StoreTTL <= 0 {
+		return nil, usagef("--lease-ttl %v, --store-ttl %v: each must be above 0", o.LeaseTTL, o.StoreTTL)
+	}
 	o.NATSOptions = f.nats
 	if f.user != "" {
 		o.NATSOptions = append(o.NATSOptions, nats.UserInfo(f.user, f.pass))
@@ -98,7 +103,8 @@ func printPayloadAddr(w io.Writer, command string, n *node.Node) {
 // together, a --lease-shards other than the bucket's, or a transport this
 // binary lacks.
 func nodeError(err error) error {
-	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) || errors.Is(err, lease.ErrShards) {
+	if errors.Is(err, node.ErrInvalidOption) || errors.Is(err, node.ErrMooncakeNotBuilt) || errors.Is(err, lease.ErrShards) ||
+		errors.Is(err, coordinator.ErrInvalidOption) || errors.Is(err, httppull.ErrBadAdvertise) {
 		return usageError{err}
 	}
 	return err

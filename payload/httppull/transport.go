@@ -16,8 +16,13 @@ import (
 	"github.com/zeebo/blake3"
 )
 
-// ErrUnauthorized is returned when a server refuses the transport's token.
-var ErrUnauthorized = errors.New("httppull: unauthorized")
+var (
+	// ErrUnauthorized is returned when a server refuses the transport's token.
+	ErrUnauthorized = errors.New("httppull: unauthorized")
+	// ErrBadAdvertise is returned by NewTransport for an advertise address
+	// that is not an http(s)://host:port base URL.
+	ErrBadAdvertise = errors.New("httppull: bad advertise address")
+)
 
 // Store is where a Transport keeps what this node serves: Put stores
 // locally, and the server serves it from there.
@@ -75,7 +80,7 @@ const DefaultMaxSize = 4 << 30
 func NewTransport(node, advertise string, local Store, opts ...Option) (*Transport, error) {
 	u, err := url.Parse(advertise)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return nil, fmt.Errorf("httppull: advertise address %q is not an http(s)://host:port base URL", advertise)
+		return nil, fmt.Errorf("%w: %q is not an http(s)://host:port base URL", ErrBadAdvertise, advertise)
 	}
 	if local == nil {
 		return nil, errors.New("httppull: nil local store")
