@@ -76,6 +76,15 @@ func TestLoadThroughWorkers(t *testing.T) {
 	if s := ew.Stats(); s.Forwards != 6 || s.Role != "encoder" || s.Requests != 30 {
 		t.Fatalf("encoder stats %+v", s)
 	}
+	// A second run against the same workers reports its own forwards (none:
+	// every input is cached), not the workers' lifetime totals, and passes.
+	again, err := Load(ctx, LoadConfig{Encoder: enc, Prefills: []string{pre}, Requests: 30, Unique: 6, Zipf: 1.1, Concurrency: 4, Seed: 1}, io.Discard)
+	if err != nil || again.EncoderForwards != 0 || !again.WarmStart || !again.ForwardsOK || again.Paths["computed"] != 0 {
+		t.Fatalf("a second run: %+v %v", again, err)
+	}
+	if r.WarmStart {
+		t.Fatalf("the first run started warm: %+v", r)
+	}
 	if res := ew.Handle(ctx, Request{ID: 99, Image: 1}); res.Path != "no-cache" || !res.Forward || res.Err != "" {
 		t.Fatalf("without the cache: %+v", res)
 	}

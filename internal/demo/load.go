@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,16 +31,19 @@ type LoadReport struct {
 	Requests        int  `json:"requests"`
 	UniqueInputs    int  `json:"unique_inputs"`
 	Retries         int  `json:"retries"`
-	EncoderForwards int  `json:"encoder_forwards"` // summed over the workers' own counts
+	EncoderForwards int  `json:"encoder_forwards"` // summed over the workers' own counts, this run's
 	LeasesLost      int  `json:"leases_lost"`      // leases the fencing took from a computing worker (faults)
 	ForwardsExact   bool `json:"forwards_equal_unique_inputs"`
 	// ForwardsOK: forwards == unique inputs, but for at most one extra
 	// forward per lease lost in a fault (a NATS election that outlasts the
 	// lease TTL lets another worker take the key over; the fencing then
 	// refuses the first holder's commit, so no value is served twice).
-	ForwardsOK bool           `json:"forwards_ok"`
-	Paths      map[string]int `json:"paths"`
-	Seconds    float64        `json:"seconds"`
+	ForwardsOK bool `json:"forwards_ok"`
+	// WarmStart: a worker had computed before this run (its counts are
+	// subtracted; cached inputs are not computed again).
+	WarmStart bool           `json:"warm_start"`
+	Paths     map[string]int `json:"paths"`
+	Seconds   float64        `json:"seconds"`
 }
 
 // Load sends each request to the encoder worker and then to a prefill
@@ -49,9 +53,15 @@ func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, e
 	client := &http.Client{Timeout: 30 * time.Second}
 	defer client.CloseIdleConnections() // no keep-alive outlives the load
 	r := &LoadReport{Requests: c.Requests, UniqueInputs: c.Unique, Paths: map[string]int{}}
+	// The workers count over their lifetime: this run's figures are the
+	// change over it (a second run reported the first's forwards).
+	before, err := workerCounts(ctx, client, c)
+	if err != nil {
+		return nil, err
+	}
 	var mu sync.Mutex
 	start := time.Now()
-	err := drive(workload.Requests(c.Requests, c.Unique, c.Zipf, c.Seed), c.Concurrency, progress, "loadgen",
+	err = drive(workload.Requests(c.Requests, c.Unique, c.Zipf, c.Seed), c.Concurrency, progress, "loadgen",
 		func(id, image int) error {
 			for _, base := range []string{c.Encoder, c.Prefills[id%len(c.Prefills)]} {
 				for {
@@ -79,17 +89,46 @@ func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, e
 		return nil, err
 	}
 	r.Seconds = time.Since(start).Seconds()
+	after, err := workerCounts(ctx, client, c)
+	if err != nil {
+		return nil, err
+	}
+	for i := range after {
+		d := after[i].sub(before[i])
+		r.EncoderForwards += d.forwards
+		r.LeasesLost += d.lost
+	}
+	r.WarmStart = slices.ContainsFunc(before, func(w workerCount) bool { return w.forwards > 0 })
+	r.ForwardsExact = r.EncoderForwards == c.Unique
+	// A warm cluster may hold inputs already: it computes no more than the
+	// unique inputs, maybe fewer.
+	r.ForwardsOK = (r.WarmStart || r.EncoderForwards >= c.Unique) && r.EncoderForwards <= c.Unique+r.LeasesLost
+	return r, nil
+}
+
+// workerCount is one worker's lifetime counters.
+type workerCount struct{ forwards, lost int }
+
+// sub is w's change since before; a worker that restarted (its counts
+// fell) counts from zero.
+func (w workerCount) sub(before workerCount) workerCount {
+	if w.forwards < before.forwards || w.lost < before.lost {
+		return w
+	}
+	return workerCount{w.forwards - before.forwards, w.lost - before.lost}
+}
+
+// workerCounts reads the encoder's and each prefill worker's counters.
+func workerCounts(ctx context.Context, client *http.Client, c LoadConfig) ([]workerCount, error) {
+	var out []workerCount
 	for _, base := range append([]string{c.Encoder}, c.Prefills...) {
 		s, err := FetchStats(ctx, client, base)
 		if err != nil {
 			return nil, err
 		}
-		r.EncoderForwards += s.Forwards
-		r.LeasesLost += int(s.Cache.LeasesLost + s.Cache.CommitsRefused)
+		out = append(out, workerCount{s.Forwards, int(s.Cache.LeasesLost + s.Cache.CommitsRefused)})
 	}
-	r.ForwardsExact = r.EncoderForwards == c.Unique
-	r.ForwardsOK = r.EncoderForwards >= c.Unique && r.EncoderForwards <= c.Unique+r.LeasesLost
-	return r, nil
+	return out, nil
 }
 
 func post(ctx context.Context, c *http.Client, base string, r Request) (Result, error) {
