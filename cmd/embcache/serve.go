@@ -73,6 +73,12 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		if c.noNATS {
 			return usagef("--no-nats needs --nats URL")
 		}
+		if c.nf.o.Replicas > 1 && c.clusterPort == 0 && c.natsConfig == "" { // (a config file may define the cluster)
+			// One node cannot hold replicas: the stream was never made
+			// (retried for good behind "ready"), and the first worker
+			// made the bucket at R1 unannounced.
+			return usagef("--replicas %d needs a NATS cluster: this serve embeds one node (add --cluster-port and --routes, or join one with --nats)", c.nf.o.Replicas)
+		}
 		// Refuse bad node flags (--payload mooncake without the tag)
 		// before a server starts; its URL is known once it listens.
 		probe := c.nf.o
