@@ -35,6 +35,8 @@ func newDemo() *cobra.Command {
 				return usagef("--embed-mb must be in (0, 512], got %v", c.EmbedMB)
 			case c.Zipf <= 1:
 				return usagef("--zipf must be > 1, got %v", c.Zipf)
+			case c.EncodeMS < 0:
+				return usagef("--encode-ms must be >= 0, got %d", c.EncodeMS)
 			}
 			report, err := demo.Run(cmd.Context(), c, cmd.ErrOrStderr())
 			if err != nil {

@@ -107,6 +107,9 @@ func newLeasesLs(cf *connFlags) *cobra.Command {
 			if err := tenantFlag(tenant, false); err != nil {
 				return err
 			}
+			if limit < 0 {
+				return usagef("--limit must be >= 0 (0: all), got %d", limit)
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
 			defer cancel()
 			kv, closeConn, err := cf.bucket(ctx)
@@ -199,6 +202,9 @@ func newEvents() *cobra.Command {
 		Short: "Print events as JSON lines (decoded from msgpack) until interrupted",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if count < 0 {
+				return usagef("--count must be >= 0 (0: until interrupted), got %d", count)
+			}
 			opts := events.SubscribeOptions{New: !fromStart, Logger: newLogger(cmd.ErrOrStderr(), false)}
 			if kind != "" {
 				k, err := events.ParseKind(kind)
@@ -225,7 +231,7 @@ func newEvents() *cobra.Command {
 	tail.Flags().StringVar(&kind, "kind", "", "only this kind: published, touched, evicted, abandoned, invalidated")
 	tail.Flags().StringVar(&tenant, "tenant", "", "only this tenant")
 	tail.Flags().BoolVar(&fromStart, "from-start", false, "replay the stream from its start")
-	tail.Flags().IntVar(&count, "count", 0, "stop after this many events")
+	tail.Flags().IntVar(&count, "count", 0, "stop after this many events (0: until interrupted)")
 	cmd.AddCommand(tail)
 	return cmd
 }

@@ -105,6 +105,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"leases", "list"}, // under a group: its help, exit 0
 		{"leases", "get"},  // a wrong number of arguments: exit 1
 		{"version", "x"},
+		{"worker", "--embed-mb", "0", "--shm-dir", shm}, // as demo refuses it
+		{"demo", "--encode-ms", "-5"},
+		{"leases", "ls", "--limit", "-1"},
+		{"events", "tail", "--count", "-1"},
 		{"serve", "--replicas", "3", "--store-dir", shm, "--port", "1"}, // one embedded node holds no replicas
 		// Flag values the node refuses (they exited 1; --lease-ttl 0s ran with the default).
 		{"worker", "--lease-ttl", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},

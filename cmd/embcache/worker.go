@@ -26,8 +26,13 @@ func newWorker() *cobra.Command {
 			"POST /v1/request {\"id\":1,\"image\":7,\"cache\":true}, GET /v1/stats, GET /healthz.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if role != "encoder" && role != "prefill" {
+			switch {
+			case role != "encoder" && role != "prefill":
 				return usagef("--role must be encoder or prefill, not %q", role)
+			case embedMB <= 0 || embedMB > 512: // as demo checks them
+				return usagef("--embed-mb must be in (0, 512], got %v", embedMB)
+			case encodeMS < 0:
+				return usagef("--encode-ms must be >= 0, got %d", encodeMS)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
