@@ -101,9 +101,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"key"},
 		{"invalidate", "--tenant", "a.b", "--model", "m", "--epoch", "1"},
 		{"leases", "get", "nodot"},
-		{"stat"},           // an unknown command: exit 1
-		{"leases", "list"}, // under a group: its help, exit 0
-		{"leases", "get"},  // a wrong number of arguments: exit 1
+		{"stat"},           // an unknown command (it exited 1)
+		{"leases", "list"}, // one under a group (it printed the help, exit 0)
+		{"leases", "get"},  // a wrong number of arguments (it exited 1)
 		{"version", "x"},
 		{"worker", "--embed-mb", "0", "--shm-dir", shm}, // as demo refuses it
 		{"demo", "--encode-ms", "-5"},

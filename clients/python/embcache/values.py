@@ -176,7 +176,7 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
     reshapes it; anything else is InvalidValue."""
     if isinstance(value, Tensor):
         own = _dims(value.shape)
-        name = _own_dtype(value.dtype, dtype, f"a {value.dtype} Tensor", False)
+        name = _own_dtype(value.dtype, dtype, f"a {value.dtype} Tensor", value.dtype in ("int16", "uint16"))
         if _np is not None and isinstance(value.data, _np.ndarray):
             # Checked as an array is: its own dtype and byte order, not its bytes as they lie.
             data, name, own = tensor_parts(value.data, name, own)
@@ -196,7 +196,7 @@ def tensor_parts(value: Any, dtype: Optional[str], shape: Optional[Sequence[int]
             arr = t.numpy()
         else:
             raise InvalidValue(f"torch dtype {t.dtype} has no embcache name")
-        name = _own_dtype(own_name, dtype, f"a torch {t.dtype} tensor", False)
+        name = _own_dtype(own_name, dtype, f"a torch {t.dtype} tensor", own_name in ("int16", "uint16"))
         return arr.data, name, _reshaped(tuple(int(d) for d in t.shape), shape)
     if _np is not None and isinstance(value, _np.ndarray):
         a = _np.ascontiguousarray(value)  # at least 1-d: the shape is value's (a 0-d array is not [x])

@@ -150,8 +150,14 @@ class KeyParityTest(unittest.TestCase):
             bits = np.arange(6, dtype=np.int16).reshape(2, 3)
             self.assertEqual(self.cache.key_from_decoded_tensor(cfg, bits, dtype="bfloat16").key,
                              self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits).view(torch.bfloat16)).key)
+            # bfloat16 bits in 16-bit integers, as a numpy array may hold them.
+            self.assertEqual(self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits), dtype="bfloat16").key,
+                             self.cache.key_from_decoded_tensor(cfg, bits, dtype="bfloat16").key)
+            self.assertEqual(self.cache.key_from_decoded_tensor(cfg, Tensor(bits.tobytes(), "int16", (2, 3)),
+                                                                dtype="bfloat16").key,
+                             self.cache.key_from_decoded_tensor(cfg, bits, dtype="bfloat16").key)
             with self.assertRaises(InvalidValue):
-                self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits), dtype="bfloat16")
+                self.cache.key_from_decoded_tensor(cfg, torch.from_numpy(bits.astype(np.int32)), dtype="bfloat16")
         # Typed buffers are what their format says: float64 bytes are not
         # float32 data; untyped bytes may be any dtype.
         doubles = np.array([1.0, 2.0])
