@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -38,14 +39,17 @@ func newRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemo(), newWorker(), newServe(), newKey(), newLeases(), newEvents(), newStats(),
 		newInvalidate(), newLoadgen(), newHealth(), newAgent(), newVersion())
-	argsAreUsage(root)
+	for _, c := range root.Commands() {
+		argsAreUsage(c)
+	}
 	return root
 }
 
-// argsAreUsage makes every command's argument errors usage errors (exit
-// 2): a wrong number of arguments, and an unknown command, which cobra
-// reports from the parent's argument check (it exited 1, and under a
-// group, 'leases list', printed the group's help and exited 0).
+// argsAreUsage makes a command's argument errors usage errors (exit 2): a
+// wrong number of arguments, and an unknown command under a group, which
+// cobra reports from the group's argument check ('leases list' printed
+// the group's help and exited 0). The root keeps cobra's own check, so
+// that 'help TOPIC' still knows an unknown topic; main maps its error.
 func argsAreUsage(c *cobra.Command) {
 	check := c.Args
 	if check == nil {
@@ -72,7 +76,9 @@ func main() {
 	if err := newRoot().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "embcache:", err)
 		var u usageError
-		if errors.As(err, &u) {
+		// cobra's error for an unknown command under the root has no
+		// sentinel: it is told by its text (it exited 1).
+		if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command ") {
 			os.Exit(exitUsage)
 		}
 		os.Exit(exitFailure)
