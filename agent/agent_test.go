@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -248,22 +249,28 @@ func TestKeyRequestFieldsFitTheMode(t *testing.T) {
 	if want, err := cachekey.FromRawBytes(cc, nil); err != nil || empty.Key != want.String() {
 		t.Fatalf("the empty input: %s, want %s (%v)", empty.Key, want, err)
 	}
-	for _, body := range []string{
-		`"mode":"raw-bytes"`,
-		`"mode":"raw-bytes","data":null`,
-		`"mode":"raw-bytes","data":"eA==","tokens":[1,2]`,
-		`"mode":"raw-bytes","data":"eA==","shape":[1]`,
-		`"mode":"raw-bytes","data":"eA==","block_size":16`,
-		`"mode":"decoded-tensor","dtype":"uint8","data":"eA=="`,
-		`"mode":"decoded-tensor","shape":[1],"data":"eA=="`,
-		`"mode":"decoded-tensor","dtype":"uint8","shape":[1]`,
-		`"mode":"decoded-tensor","dtype":"uint8","shape":[1],"data":"eA==","tokens":[1]`,
-		`"mode":"tokens"`,
-		`"mode":"tokens","tokens":[1,2],"data":"eA=="`,
-		`"mode":"tokens","tokens":[1,2],"dtype":"uint8"`,
+	for body, field := range map[string]string{
+		`"mode":"raw-bytes"`:                                                             `needs "data"`,
+		`"mode":"raw-bytes","data":null`:                                                 `needs "data"`,
+		`"mode":"raw-bytes","data":"eA==","tokens":[1,2]`:                                `no "tokens"`,
+		`"mode":"raw-bytes","data":"eA==","shape":[1]`:                                   `no "shape"`,
+		`"mode":"raw-bytes","data":"eA==","block_size":16`:                               `no "block_size"`,
+		`"mode":"decoded-tensor","dtype":"uint8","data":"eA=="`:                          `needs "shape"`,
+		`"mode":"decoded-tensor","shape":[1],"data":"eA=="`:                              `needs "dtype"`,
+		`"mode":"decoded-tensor","dtype":"uint8","shape":[1]`:                            `needs "data"`,
+		`"mode":"decoded-tensor","dtype":"uint8","shape":[1],"data":"eA==","tokens":[1]`: `no "tokens"`,
+		`"mode":"tokens"`: `needs "tokens"`,
+		`"mode":"tokens","tokens":[1,2],"data":"eA=="`:   `no "data"`,
+		`"mode":"tokens","tokens":[1,2],"dtype":"uint8"`: `no "dtype"`,
 	} {
-		if code, err := rawPost(n.socket, "/v1/key", `{"config":`+cfg+`,`+body+`}`); err != nil || code != 400 {
-			t.Errorf("%s: %d %v, want a 400", body, code, err)
+		// Each is refused for its field, not for another reason.
+		code, msg, err := rawPostBody(n.socket, "/v1/key", `{"config":`+cfg+`,`+body+`}`)
+		var answer agent.Error
+		if err == nil {
+			err = json.Unmarshal([]byte(msg), &answer)
+		}
+		if err != nil || code != 400 || !strings.Contains(answer.Error, field) {
+			t.Errorf("%s: %d %q %v, want a 400 saying %s", body, code, msg, err, field)
 		}
 	}
 	for _, body := range []string{`"mode":"raw-bytes","data":""`, `"mode":"decoded-tensor","dtype":"uint8","shape":[1],"data":"eA=="`} {
@@ -514,6 +521,12 @@ func TestBadRequests(t *testing.T) {
 }
 
 func rawPost(socket, path, body string) (int, error) {
+	code, _, err := rawPostBody(socket, path, body)
+	return code, err
+}
+
+// rawPostBody is rawPost with the answer's body.
+func rawPostBody(socket, path, body string) (int, string, error) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socket)
@@ -521,10 +534,11 @@ func rawPost(socket, path, body string) (int, error) {
 	defer hc.CloseIdleConnections()
 	resp, err := hc.Post("http://agent"+path, "application/json", bytes.NewReader([]byte(body)))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	defer resp.Body.Close()
+	msg, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(msg), err
 }
 
 // waitFor polls a condition that background NATS work makes true.
