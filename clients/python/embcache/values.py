@@ -77,39 +77,36 @@ def parts_of(value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[i
     return Parts("tensor", data, dt, sh, [])
 
 
-def _token_list(ids: Sequence[int]) -> List[int]:
-    """ids as ints; refused unless each is an integer (int(1.9) is 1: a
-    float id, a forgotten cast, would be keyed as another sequence)."""
-    if hasattr(ids, "tolist"):  # a numpy array or torch tensor: its elements as Python numbers
-        ids = ids.tolist()
+def _integers(values: Any, what: str) -> List[int]:
+    """values as ints; refused unless each is an integer (int(1.9) is 1: a
+    float, a forgotten cast, would key another input). A numpy array or
+    torch tensor gives its elements as Python numbers."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
     try:
         out: List[int] = []
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise InvalidValue(f"token ids are integers, not {type(t).__name__} ({t!r})")
-            out.append(int(t))
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidValue(f"{what} are integers, not {type(v).__name__} ({v!r})")
+            out.append(int(v))
     except TypeError as e:
-        raise InvalidValue(f"token ids: {e}") from e
+        raise InvalidValue(f"{what}: {e}") from e
+    return out
+
+
+def _token_list(ids: Sequence[int]) -> List[int]:
+    """ids as ints in [0, 2**32), or InvalidValue."""
+    out = _integers(ids, "token ids")
     if any(t < 0 or t > _MAX_TOKEN for t in out):
         raise InvalidValue("token ids must be in [0, 2**32)")
     return out
 
 
 def _dims(shape: Sequence[Any]) -> Tuple[int, ...]:
-    """shape as ints; refused unless each dimension is a non-negative
-    integer (int(2.9) is 2: a float dimension would key another shape)."""
-    if hasattr(shape, "tolist"):  # a numpy array or torch.Size-like: its elements as Python numbers
-        shape = shape.tolist()
-    try:
-        out: List[int] = []
-        for d in shape:
-            if isinstance(d, bool) or not isinstance(d, numbers.Integral):
-                raise InvalidValue(f"shape dimensions are integers, not {type(d).__name__} ({d!r})")
-            if d < 0:
-                raise InvalidValue(f"shape dimension {d} is negative")
-            out.append(int(d))
-    except TypeError as e:
-        raise InvalidValue(f"shape: {e}") from e
+    """shape as non-negative ints, or InvalidValue."""
+    out = _integers(shape, "shape dimensions")
+    if any(d < 0 for d in out):
+        raise InvalidValue(f"shape {tuple(out)} has a negative dimension")
     return tuple(out)
 
 
