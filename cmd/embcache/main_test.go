@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -513,5 +515,47 @@ func TestStatsSaysWhatIsMissing(t *testing.T) {
 		if _, stderr, code := run(t, append([]string{"stats"}, args...)...); code != 2 {
 			t.Errorf("%v: exit %d: %s", args, code, stderr)
 		}
+	}
+}
+
+// TestServeSaysStoppedOnceDown: "stopped" came before the embedded
+// server's shutdown, so a shutdown that hung read as done (a
+// walkthrough's did). It is the last line, after NATS's own.
+func TestServeSaysStoppedOnceDown(t *testing.T) {
+	port, _ := embedded.FreePort("127.0.0.1")
+	dir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := exec.Command(binary, "serve", "-v", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
+		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--no-reconciler")
+	serve.Stdout, serve.Stderr = w, w
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	for l := range lines {
+		if strings.Contains(l, "embcache serve: ready") {
+			break
+		}
+	}
+	serve.Process.Signal(os.Interrupt)
+	var rest []string
+	for l := range lines {
+		rest = append(rest, l)
+	}
+	serve.Wait()
+	exiting := slices.IndexFunc(rest, func(l string) bool { return strings.Contains(l, "Server Exiting") })
+	if exiting < 0 || len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "embcache serve: stopped") {
+		t.Fatalf("after ready:\n%s", strings.Join(rest, "\n"))
 	}
 }

@@ -68,6 +68,7 @@ func newServe() *cobra.Command {
 
 func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	out := cmd.OutOrStdout()
+	var srv *embedded.Server // the embedded NATS server, if this serve runs one
 	c.nf.o.NoCache, c.nf.o.Reconciler = true, !c.noReconciler
 	if c.nf.o.NATSURL == "" {
 		if c.noNATS {
@@ -86,8 +87,8 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		if err := probe.Validate(); err != nil {
 			return nodeError(err)
 		}
-		srv, err := c.startNATS()
-		if err != nil {
+		var err error
+		if srv, err = c.startNATS(); err != nil {
 			return err
 		}
 		defer srv.Shutdown()
@@ -109,6 +110,9 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	fmt.Fprintln(out, "embcache serve: ready (Ctrl-C to stop)")
 	<-ctx.Done()
 	err = n.Close()
+	if srv != nil {
+		srv.Shutdown() // "stopped" is said once the server is down (it was said before: a walkthrough's hung shutdown read as done)
+	}
 	fmt.Fprintln(out, "embcache serve: stopped")
 	return err
 }
