@@ -124,9 +124,9 @@ func readConfig(path string) (cachekey.PreprocessingConfig, error) {
 	return cfg, nil
 }
 
-// parseShape is a --shape flag as dimensions: required, ” being a
-// scalar's shape (set tells it from a flag not given), and a usage error
-// if malformed.
+// parseShape is a --shape flag as dimensions: required (set tells a flag
+// not given from the empty string, a scalar's shape), and a usage error if
+// malformed.
 func parseShape(set bool, s string) ([]int64, error) {
 	if !set {
 		return nil, usagef("--shape is required (--shape '' for a scalar)")

@@ -153,19 +153,18 @@ func Summarize(ctx context.Context, js jetstream.JetStream, live bool) (Summary,
 			}
 		}
 	}
-	stream, err := js.Stream(ctx, events.StreamName)
-	switch {
+	switch stream, err := js.Stream(ctx, events.StreamName); {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		missing = append(missing, "stream "+events.StreamName)
-		return s, fmt.Errorf("%w: %s (has no process connected to this server yet?)", ErrNotCreated, strings.Join(missing, " and "))
 	case err != nil:
 		return s, err
+	default:
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return s, err
+		}
+		s.Events = &StreamSummary{Stream: events.StreamName, Messages: info.State.Msgs, Bytes: info.State.Bytes}
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return s, err
-	}
-	s.Events = &StreamSummary{Stream: events.StreamName, Messages: info.State.Msgs, Bytes: info.State.Bytes}
 	if len(missing) > 0 {
 		return s, fmt.Errorf("%w: %s (has no process connected to this server yet?)", ErrNotCreated, strings.Join(missing, " and "))
 	}
