@@ -23,9 +23,9 @@ import (
 const (
 	// readyPoll is how often Ready looks at the store's reachability.
 	readyPoll = 50 * time.Millisecond
-	// streamWait bounds Start's wait for the event stream: the reconciler
-	// retries without it, so a slow cluster is a warning, not a failure.
-	streamWait = 30 * time.Second
+	// readyAsk bounds one JetStream request of Ready (NoCache), so that a
+	// server that holds a request unanswered is asked again.
+	readyAsk = 2 * time.Second
 )
 
 // Node is one process's membership of the cluster: its NATS connection,
@@ -62,6 +62,7 @@ func New(opts Options) (*Node, error) {
 // Start connects to NATS, opens the shm store (and the Mooncake store),
 // starts the pull server, builds the Cache (unless NoCache) and starts the
 // reconciler (with Reconciler; it runs until Close, not until ctx ends).
+// It does not wait for JetStream: Ready does.
 // In the default mode an unreachable NATS is not an error: the Cache
 // computes locally until it is back (see Ready). On error everything
 // opened so far is released. A second call returns ErrStarted.
@@ -78,9 +79,6 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	o := &n.opts
 	if n.nc, err = coordinator.Connect(o.NATSURL, o.mode(), append(o.connectionLog(), o.NATSOptions...)...); err != nil {
 		return err
-	}
-	if (o.Reconciler || o.NoCache) && !o.NoEvents {
-		n.ensureStream(ctx) // a Cache with events creates it itself
 	}
 	sopts := []shm.Option{shm.WithNode(o.Name)}
 	if o.ShmMaxBytes > 0 {
@@ -103,20 +101,6 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		return n.startReconciler(ctx)
 	}
 	return nil
-}
-
-// ensureStream creates the event stream if it is missing, waiting at most
-// streamWait; a failure is logged, since the reconciler retries.
-func (n *Node) ensureStream(ctx context.Context) {
-	js, err := jetstream.New(n.nc)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(ctx, streamWait)
-		_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
-		cancel()
-	}
-	if err != nil {
-		n.opts.Logger.Warn("event stream not ready yet; the reconciler will retry", "err", err)
-	}
 }
 
 // startReconciler runs a reconciler until Close. It deletes the payloads
@@ -234,27 +218,64 @@ func advertiseOf(addr net.Addr) (string, error) {
 }
 
 // Ready waits until the Cache reaches the KV bucket, so that computes are
-// shared (with NoCache: until the NATS connection is up), or until ctx
-// ends: then the error wraps ErrNotReady and ctx's error. Before Start it
-// returns ErrNotStarted.
+// shared, or, with NoCache, until JetStream answers: the event stream is
+// there (Ready creates it if it is missing) or, with NoEvents, the account
+// answers. A connection alone is not ready: a server whose JetStream is
+// down, or has no quorum, accepts connections and answers nothing. When
+// ctx ends first the error wraps ErrNotReady and ctx's error (and, with
+// NoCache, says what JetStream last answered). Before Start it returns
+// ErrNotStarted.
 func (n *Node) Ready(ctx context.Context) error {
 	if n.nc == nil || (n.cache == nil && !n.opts.NoCache) {
 		return ErrNotStarted
 	}
-	ready := n.nc.IsConnected
-	if n.cache != nil {
-		ready = func() bool { return n.cache.Stats().StoreReachable }
+	ready := func() error {
+		if !n.cache.Stats().StoreReachable {
+			return errors.New("the store is not reachable")
+		}
+		return nil
+	}
+	if n.cache == nil {
+		ready = func() error { return n.jetStreamAnswers(ctx) }
 	}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
-	for !ready() {
+	for {
+		err := ready()
+		if err == nil {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
+			if n.cache == nil {
+				return fmt.Errorf("%w: JetStream: %w (%w)", ErrNotReady, err, context.Cause(ctx))
+			}
 			return fmt.Errorf("%w: %w", ErrNotReady, context.Cause(ctx))
 		case <-t.C:
 		}
 	}
-	return nil
+}
+
+// jetStreamAnswers asks JetStream once, within readyAsk, for the event
+// stream (creating it if it is missing: a node that only serves is the
+// one that makes it before any worker runs) or, with NoEvents, for the
+// account.
+func (n *Node) jetStreamAnswers(ctx context.Context) error {
+	if !n.nc.IsConnected() {
+		return nats.ErrNoServers
+	}
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyAsk)
+	defer cancel()
+	if n.opts.NoEvents {
+		_, err = js.AccountInfo(ctx)
+	} else {
+		_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
+	}
+	return err
 }
 
 // Close releases the node in the reverse order of Start: the reconciler

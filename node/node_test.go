@@ -21,6 +21,7 @@ import (
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 )
@@ -272,7 +273,9 @@ func TestCloseStopsTheReconciler(t *testing.T) {
 	waitFor(t, "b elected", func() bool { return nb.Reconciler().Stats().Active })
 }
 
-// TestReadyWithoutCache: with NoCache, Ready is the NATS connection.
+// TestReadyWithoutCache: with NoCache, Ready is JetStream answering, not
+// the NATS connection (serve said ready over a server whose JetStream
+// answered nothing).
 func TestReadyWithoutCache(t *testing.T) {
 	n, err := node.New(node.Options{NATSURL: "nats://127.0.0.1:1", Name: "alone", ShmDir: t.TempDir(), NoCache: true, Logger: quiet})
 	if err != nil {
@@ -281,10 +284,7 @@ func TestReadyWithoutCache(t *testing.T) {
 	if err := n.Ready(context.Background()); !errors.Is(err, node.ErrNotStarted) {
 		t.Fatalf("Ready before Start: %v", err)
 	}
-	// The event stream cannot be made: Start warns after its ctx and goes on.
-	sctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if err := n.Start(sctx); err != nil {
+	if err := n.Start(context.Background()); err != nil { // it does not wait for JetStream
 		t.Fatal(err)
 	}
 	defer n.Close()
@@ -293,10 +293,37 @@ func TestReadyWithoutCache(t *testing.T) {
 	if err := n.Ready(ctx); !errors.Is(err, node.ErrNotReady) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Ready without a server: %v", err)
 	}
+
+	noJS, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(),
+		Configure: func(o *server.Options) error { o.JetStream = false; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noJS.Shutdown()
+	c, err := node.New(node.Options{NATSURL: noJS.ClientURL(), Name: "connected", ShmDir: t.TempDir(), NoCache: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !c.Conn().IsConnected() {
+		t.Fatal("not connected")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := c.Ready(ctx); !errors.Is(err, node.ErrNotReady) || !strings.Contains(err.Error(), "JetStream: ") {
+		t.Fatalf("Ready without JetStream: %v", err)
+	}
+
 	srv := startServer(t)
 	m := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "up", ShmDir: t.TempDir(), NoCache: true, NoEvents: true})
 	if m.Cache() != nil || m.Reconciler() != nil || !m.Conn().IsConnected() {
 		t.Fatalf("cache %v reconciler %v", m.Cache(), m.Reconciler())
+	}
+	if err := m.Ready(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -26,7 +26,7 @@ var (
 	// ErrStarted is returned by a second Start.
 	ErrStarted = errors.New("node: already started")
 	// ErrNotReady is returned by Ready when ctx ends before the node is
-	// ready: the store answers, or (NoCache) the connection is up.
+	// ready: the store answers, or (NoCache) JetStream does.
 	ErrNotReady = errors.New("node: store not reachable")
 )
 
@@ -80,11 +80,11 @@ type Options struct {
 
 	// Reconciler runs a reconciler on this node from Start to Close: one
 	// in the cluster is active, the others stand by. It needs the event
-	// stream, which Start then creates if it is missing.
+	// stream, which it creates if it is missing.
 	Reconciler bool
 	// NoCache builds no Cache: the node only serves (its pull server, its
-	// reconciler). Ready then waits for the NATS connection only, and
-	// Start creates the event stream if it is missing (unless NoEvents).
+	// reconciler). Ready then waits for JetStream to answer, and creates
+	// the event stream if it is missing (unless NoEvents).
 	NoCache bool
 
 	Logger         *slog.Logger         // default slog.Default()

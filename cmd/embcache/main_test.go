@@ -26,6 +26,7 @@ import (
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/reconciler"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -557,5 +558,77 @@ func TestServeSaysStoppedOnceDown(t *testing.T) {
 	exiting := slices.IndexFunc(rest, func(l string) bool { return strings.Contains(l, "Server Exiting") })
 	if exiting < 0 || len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "embcache serve: stopped") {
 		t.Fatalf("after ready:\n%s", strings.Join(rest, "\n"))
+	}
+}
+
+// TestServeIsReadyOnceJetStreamAnswers: serve said "ready" over a NATS
+// whose JetStream answered nothing (a walkthrough's restarted server, a
+// --nats nothing listened at: there after a 30 s warning). A connection
+// alone is not ready: against a server without JetStream serve says it
+// waits, and it says ready once a server with JetStream takes that port.
+func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
+	port, _ := embedded.FreePort("127.0.0.1")
+	dir := t.TempDir()
+	noJS, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "nojs"), Port: port,
+		Configure: func(o *server.Options) error { o.JetStream = false; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noJS.Shutdown()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := exec.Command(binary, "serve", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", port),
+		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s")
+	serve.Stdout, serve.Stderr = w, w
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var seen []string
+	next := func(want string) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("serve exited before %q:\n%s", want, strings.Join(seen, "\n"))
+				}
+				seen = append(seen, l)
+				if strings.Contains(l, "embcache serve: ready") && want != "embcache serve: ready" {
+					t.Fatalf("ready before %q:\n%s", want, strings.Join(seen, "\n"))
+				}
+				if strings.Contains(l, want) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no %q within 30s:\n%s", want, strings.Join(seen, "\n"))
+			}
+		}
+	}
+	next("embcache serve: waiting for NATS JetStream to answer")
+	noJS.Shutdown()
+	js, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "js"), Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer js.Shutdown()
+	next("embcache serve: ready")
+	serve.Process.Signal(os.Interrupt)
+	next("embcache serve: stopped")
+	for range lines {
+	}
+	if err := serve.Wait(); err != nil {
+		t.Fatalf("serve: %v\n%s", err, strings.Join(seen, "\n"))
 	}
 }

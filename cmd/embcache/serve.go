@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/node"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -107,8 +110,10 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	if !c.noReconciler {
 		fmt.Fprintln(out, "embcache serve: reconciler campaigning")
 	}
-	fmt.Fprintln(out, "embcache serve: ready (Ctrl-C to stop)")
-	<-ctx.Done()
+	if waitJetStream(ctx, n, out) {
+		fmt.Fprintln(out, "embcache serve: ready (Ctrl-C to stop)")
+		<-ctx.Done()
+	}
 	err = n.Close()
 	if srv != nil {
 		srv.Shutdown() // "stopped" is said once the server is down (it was said before: a walkthrough's hung shutdown read as done)
@@ -145,4 +150,27 @@ func (c *serveConfig) startNATS() (*embedded.Server, error) {
 	}
 	c.nf.o.NATSURL = srv.ClientURL()
 	return srv, nil
+}
+
+// readyQuiet is how long serve waits for JetStream before it says it
+// waits: a server that has just started answers within it.
+const readyQuiet = 3 * time.Second
+
+// waitJetStream waits until JetStream answers (node.Ready), saying so once
+// if it takes longer than readyQuiet, and reports whether it did before
+// ctx ended. "ready" is said after it, never before: a restarted server
+// whose JetStream answered nothing for minutes, and a --nats that nothing
+// listened at, were both announced ready.
+func waitJetStream(ctx context.Context, n *node.Node, out io.Writer) bool {
+	qctx, cancel := context.WithTimeout(ctx, readyQuiet)
+	err := n.Ready(qctx)
+	cancel()
+	if err == nil {
+		return true
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	fmt.Fprintf(out, "embcache serve: waiting for NATS JetStream to answer: %v\n", err)
+	return n.Ready(ctx) == nil
 }
