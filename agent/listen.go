@@ -10,8 +10,8 @@ import (
 
 // ListenUnix listens on the Unix socket path for Serve: it makes the
 // directory, replaces a socket file no one answers on (its agent exited
-// without removing it), refuses one another agent serves on, and lets the
-// socket's group connect (0660).
+// without removing it), refuses one another agent serves on and a path
+// that is not a socket, and lets the socket's group connect (0660).
 func ListenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
@@ -20,7 +20,13 @@ func ListenUnix(path string) (net.Listener, error) {
 		c.Close()
 		return nil, fmt.Errorf("%s: another agent is serving there", path)
 	} else if !errors.Is(err, os.ErrNotExist) {
-		os.Remove(path) // stale: its agent exited without removing it
+		// Stale: its agent exited without removing it. Only a socket is
+		// removed: a mistyped --socket naming a file of the user's took
+		// it (a dial to a regular file is refused like a stale socket's).
+		if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("%s: exists and is not a socket (%s)", path, fi.Mode().Type())
+		}
+		os.Remove(path)
 	}
 	l, err := net.Listen("unix", path)
 	if err != nil {
