@@ -191,7 +191,10 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	if c.closed {
+		// Close has closed (or found no) bucket: this one, never used, is
+		// closed here, as every bucket of the Cache's is.
 		c.mu.Unlock()
+		b.Close()
 		return ErrClosed
 	}
 	c.b = b
@@ -624,9 +627,15 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 	if end != nil {
 		invalidated = end()
 	}
+	// A tombstone it could not read leaves the question open: the record
+	// stays (its readers check the tombstone themselves), the copy, which
+	// nothing checks again, goes.
 	if b := c.bucket(); b != nil && invalidated {
-		if stale, err := c.invalidatedRecord(ctx, b, r.ref, rec); err == nil && stale {
+		stale, err := c.invalidatedRecord(ctx, b, r.ref, rec)
+		if err == nil && stale {
 			c.dropInvalidated(ctx, b, r.ref, v, lease.Entry{Rev: r.Revision()})
+		}
+		if err != nil || stale {
 			c.discard(r.ref.Object())
 		}
 	}
@@ -746,9 +755,10 @@ func (c *Cache) Release(req string) int { return c.local.Release(req) }
 // Requests that hold the copy keep it until they release it.
 func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.Object()) }
 
-// Close stops the event link, the background reconnects and the heartbeats
-// of leases still held (they expire on the server). The connection stays
-// open.
+// Close stops the event link, the background reconnects, the heartbeats
+// of leases still held (they expire on the server) and the tombstone reads
+// the bucket shares between requests (lease.Bucket.Close): none of the
+// Cache's goroutines is left. The connection stays open.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -773,6 +783,12 @@ func (c *Cache) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		l.close(ctx)
 		cancel()
+	}
+	// closed is set: connectStore sets no bucket from now on. A request
+	// still running that would share a tombstone read gets lease.ErrClosed,
+	// a tombstone it could not read: it serves no record on it (pull).
+	if b := c.bucket(); b != nil {
+		b.Close()
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
@@ -424,6 +425,35 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 				c.Release("r2")
 			}
 		})
+	}
+}
+
+// TestComputeWithAnUnreadableTombstoneIsNotKept: a commit whose tombstone
+// cannot be read (here it does not decode; after Close, a shared read is
+// refused) leaves the question open: the caller gets its value and the
+// record stays for its readers, who check the tombstone themselves, but
+// the local copy, which nothing checks again, is not kept. Without events
+// every commit reads its tombstone.
+func TestComputeWithAnUnreadableTombstoneIsNotKept(t *testing.T) {
+	url, store := memoryCluster(t)
+	a := newCache(t, url, store)
+	ctx := context.Background()
+	key := lease.TombstoneKey("acme", "m", 1)
+	if _, err := a.bucket().KV(key).Put(ctx, key, []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	var cnt counter
+	v, path, err := a.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1))
+	if err != nil || path != PathComputed {
+		t.Fatalf("path %v, %v; want computed", path, err)
+	}
+	sameValue(t, v, 1)
+	a.Release("r")
+	if a.local.Contains(ref(1).Object()) {
+		t.Fatal("a value whose tombstone could not be read is in the local cache")
+	}
+	if !readRecord(t, a, ref(1)).Live {
+		t.Fatal("the record was purged on a tombstone that could not be read")
 	}
 }
 

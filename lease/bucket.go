@@ -184,6 +184,15 @@ func (b *Bucket) KV(key string) jetstream.KeyValue { return b.shards[ShardOf(key
 // watching and listing keys.
 func (b *Bucket) Shards() []jetstream.KeyValue { return slices.Clone(b.shards) }
 
+// Close stops the Bucket's own work: the tombstone reads it sends on its
+// own goroutines for callers that joined one (Tombstone) are cancelled,
+// and Close returns once they have ended; their callers get an error
+// wrapping ErrClosed, as does a later caller that would join one. Every
+// other call works as before, and reads already in flight on callers' own
+// goroutines finish as they would: the connection is the caller's, and
+// stays open. Close is idempotent and safe for concurrent use.
+func (b *Bucket) Close() { b.tombs.close() }
+
 // Name is the bucket's name (its first shard's).
 func (b *Bucket) Name() string { return b.cfg.Name }
 

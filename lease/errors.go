@@ -27,6 +27,10 @@ var (
 	// whose stream does not republish what it stores as Changes needs:
 	// its waiters only poll.
 	ErrNoRepublish = errors.New("lease: the bucket does not republish what it stores")
+	// ErrClosed is returned by Bucket.Tombstone and Invalidated, after
+	// Bucket.Close, to a caller that shared a read the close cancelled or
+	// kept from being sent: the tombstone could not be read.
+	ErrClosed = errors.New("lease: bucket closed")
 )
 
 // ErrLate is returned by Acquire for a create acknowledged after its own

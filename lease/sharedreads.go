@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -15,12 +16,26 @@ import (
 // when that read is answered, for every caller that joined it. So a
 // process makes at most two reads of a tombstone per round trip however
 // many of its remote hits check it at once (docs/protocol.md 4.4).
+//
+// A next read is sent on a goroutine of the Bucket's own (a follow-on:
+// the caller whose read was answered has gone with its answer). close
+// cancels the follow-ons in flight and waits for them, and sends none
+// after it, so a closed Bucket leaves no goroutine behind to use the
+// connection.
 
 // sharedReads are the tombstone reads of a Bucket in flight, by shard and
 // key. The zero value is ready.
 type sharedReads struct {
 	mu     sync.Mutex
 	groups map[sharedReadID]*sharedReadGroup // guarded by mu
+	closed bool                              // guarded by mu: no follow-on is started once set
+	// base is the follow-ons' context, cancelled with ErrClosed by close
+	// (stop); both made with the first follow-on. Guarded by mu.
+	base context.Context
+	stop context.CancelCauseFunc
+	// followOns are the follow-ons' goroutines, added under mu while
+	// closed is unset: close's Wait counts every one that starts.
+	followOns sync.WaitGroup
 }
 
 type sharedReadID struct {
@@ -59,11 +74,17 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 		s.groups[id] = g
 	}
 	if g.inflight == nil {
+		// The caller's own read, on its own goroutine: made even after
+		// close, as any read of the caller's is.
 		r := &sharedRead{done: make(chan struct{})}
 		g.inflight = r
 		s.mu.Unlock()
 		s.run(ctx, id, g, r, read)
 		return r.rev, r.err
+	}
+	if s.closed {
+		s.mu.Unlock()
+		return 0, notSent(id)
 	}
 	if g.next == nil {
 		g.next = &sharedRead{done: make(chan struct{}), until: time.Now()}
@@ -88,30 +109,69 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 // caller joined it (on a goroutine of its own: this caller has its
 // answer, within the latest of its joiners' deadlines), or ends the group.
 // A read that panics is an error for every caller of it, and the group
-// goes on: left in flight, it would hold every later caller.
+// goes on: left in flight, it would hold every later caller. Once closed,
+// the next read is not sent: its joiners get ErrClosed, and the group ends.
 func (s *sharedReads) run(ctx context.Context, id sharedReadID, g *sharedReadGroup, r *sharedRead, read func(context.Context) (uint64, error)) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.rev, r.err = 0, fmt.Errorf("lease: tombstone read of %s panicked: %v", id.key, p)
 		}
+		if r.err != nil && errors.Is(context.Cause(ctx), ErrClosed) { // a follow-on close cancelled
+			r.err = fmt.Errorf("%w: tombstone read of %s cancelled: %w", ErrClosed, id.key, r.err)
+		}
 		s.mu.Lock()
 		next := g.next
+		var refused *sharedRead
+		if s.closed {
+			next, refused = nil, next
+		}
 		g.inflight, g.next = next, nil
+		var base context.Context
 		var until time.Time
 		if next == nil {
 			delete(s.groups, id)
-		} else if until = next.until; until.IsZero() {
-			until = time.Now().Add(sharedReadTimeout)
+		} else {
+			if s.base == nil {
+				s.base, s.stop = context.WithCancelCause(context.Background())
+			}
+			base = s.base
+			if until = next.until; until.IsZero() {
+				until = time.Now().Add(sharedReadTimeout)
+			}
+			s.followOns.Add(1)
 		}
 		s.mu.Unlock()
 		close(r.done)
+		if refused != nil {
+			refused.err = notSent(id)
+			close(refused.done)
+		}
 		if next != nil {
 			go func() {
-				ctx, cancel := context.WithDeadline(context.Background(), until)
+				defer s.followOns.Done()
+				ctx, cancel := context.WithDeadline(base, until)
 				defer cancel()
 				s.run(ctx, id, g, next, read)
 			}()
 		}
 	}()
 	r.rev, r.err = read(ctx)
+}
+
+// close cancels the follow-ons in flight and returns once they have
+// ended; no follow-on starts after it. Reads in flight on their callers'
+// goroutines go on. Safe to call more than once, and at once.
+func (s *sharedReads) close() {
+	s.mu.Lock()
+	s.closed = true
+	if s.stop != nil {
+		s.stop(ErrClosed)
+	}
+	s.mu.Unlock()
+	s.followOns.Wait()
+}
+
+// notSent is the error of a follow-on of id that close kept from being sent.
+func notSent(id sharedReadID) error {
+	return fmt.Errorf("%w: tombstone read of %s not sent", ErrClosed, id.key)
 }

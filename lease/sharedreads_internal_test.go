@@ -2,9 +2,12 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 )
 
 // Callers that ask for a tombstone while a read of it is in flight share
@@ -118,4 +121,98 @@ func TestASharedReadThatPanicsIsAnError(t *testing.T) {
 	if rev, err := s.do(ctx, id, read); rev != 7 || err != nil {
 		t.Fatalf("a later read: %d %v", rev, err)
 	}
+}
+
+// Close cancels a follow-on in flight (a read sent on the Bucket's own
+// goroutine for the callers that joined it) and returns only once it has
+// ended; its callers, and a caller that joined the one after it, get
+// ErrClosed. After it, a caller that would join a read in flight gets
+// ErrClosed at once, and no read is sent for it. (Before Close, a
+// follow-on outlived Cache.Close by up to its deadline, using the
+// connection.)
+func TestClosedSharedReadsCancelTheirFollowOnAndSendNoMore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var s sharedReads
+		id := sharedReadID{0, "acme.inv.x"}
+		release1, release3 := make(chan struct{}), make(chan struct{})
+		cancelled, hold := make(chan struct{}), make(chan struct{})
+		var reads atomic.Int32
+		read := func(ctx context.Context) (uint64, error) {
+			n := reads.Add(1)
+			switch n {
+			case 1: // the first caller's own
+				<-release1
+			case 2: // the follow-on, held past its cancellation
+				<-ctx.Done()
+				close(cancelled)
+				<-hold
+				return 0, ctx.Err()
+			case 3: // a caller's own, after close
+				<-release3
+			}
+			return uint64(n), nil
+		}
+		type answer struct {
+			rev uint64
+			err error
+		}
+		// No deadline: the follow-on gets sharedReadTimeout, which the
+		// bubble's clock would reach if nothing cancelled it.
+		call := func() <-chan answer {
+			c := make(chan answer, 1)
+			go func() { rev, err := s.do(t.Context(), id, read); c <- answer{rev, err} }()
+			return c
+		}
+		first := call()
+		synctest.Wait() // in read 1
+		joined := call()
+		synctest.Wait() // joined read 2
+		close(release1)
+		if a := <-first; a.rev != 1 || a.err != nil {
+			t.Fatalf("the first caller got %+v, want read 1", a)
+		}
+		synctest.Wait() // read 2 in flight, on the follow-on's goroutine
+		later := call()
+		synctest.Wait() // joined read 3, to be sent after read 2
+
+		closed := []chan struct{}{make(chan struct{}), make(chan struct{})}
+		for _, c := range closed { // at once, and twice
+			go func() { s.close(); close(c) }()
+		}
+		<-cancelled
+		synctest.Wait() // each close as far as it goes while read 2 is held
+		for _, c := range closed {
+			select {
+			case <-c:
+				t.Fatal("close returned before its follow-on ended")
+			default:
+			}
+		}
+		close(hold)
+		for _, c := range closed {
+			<-c
+		}
+		if a := <-joined; !errors.Is(a.err, ErrClosed) || !errors.Is(a.err, context.Canceled) {
+			t.Fatalf("the caller of the cancelled read got %+v, want ErrClosed", a)
+		}
+		if a := <-later; !errors.Is(a.err, ErrClosed) {
+			t.Fatalf("the caller of the read after it got %+v, want ErrClosed", a)
+		}
+
+		own := call()
+		synctest.Wait() // in read 3, its own: a caller's read is made after close
+		if _, err := s.do(t.Context(), id, read); !errors.Is(err, ErrClosed) {
+			t.Fatalf("a caller that would join a read after close got %v, want ErrClosed", err)
+		}
+		close(release3)
+		if a := <-own; a.rev != 3 || a.err != nil {
+			t.Fatalf("the caller of its own read after close got %+v, want read 3", a)
+		}
+		synctest.Wait()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if n := reads.Load(); n != 3 || len(s.groups) != 0 {
+			t.Fatalf("after close: %d reads, %d groups left; want 3 and none", n, len(s.groups))
+		}
+	})
 }

@@ -74,7 +74,8 @@ func (b *Bucket) Invalidated(ctx context.Context, key string, rec Record) (bool,
 // epoch in shard, or 0 if there is none, read from the stream leader (a
 // direct get with BucketConfig.Direct: see docs/protocol.md 4.4) by a read
 // sent after the call: callers that ask for the same tombstone at once
-// share reads, but never one sent before they asked.
+// share reads, but never one sent before they asked. After Close, a
+// caller that would share a read gets an error wrapping ErrClosed.
 func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string, epoch uint64) (uint64, error) {
 	if model == "" {
 		return 0, nil // nothing can invalidate it
