@@ -70,13 +70,16 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	if c.localMaxBytes > 0 {
 		opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(c.localMaxBytes)))
 	}
+	// --wait-store counts from here: the node's first try at the store
+	// (one op timeout) is part of the wait, not before it.
+	waitUntil := time.Now().Add(c.waitStore)
 	n, err := c.nf.start(ctx, logger, tel, opts...)
 	if err != nil {
 		return err
 	}
 	defer n.Close()
 	printPayloadAddr(stderr, "agent", n)
-	wctx, cancel := context.WithTimeout(ctx, c.waitStore)
+	wctx, cancel := context.WithDeadline(ctx, waitUntil)
 	err = n.Ready(wctx)
 	cancel()
 	if ctx.Err() != nil {

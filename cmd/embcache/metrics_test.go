@@ -248,3 +248,44 @@ func TestAnAgentStoppedWhileItWaitsForTheStoreExits(t *testing.T) {
 		t.Fatalf("stopped while waiting for the store, it went on:\n%s", s)
 	}
 }
+
+// TestAgentWaitStoreCountsFromItsStart: --wait-store began after the
+// node's first try at the store (an op timeout, 2 s), so an agent waited
+// that much longer than asked. With a wait shorter than that try, it
+// serves without the store as soon as the try fails.
+func TestAgentWaitStoreCountsFromItsStart(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", "1s", "--node", "a1",
+		"--shm-dir", filepath.Join(dir, "shm"), "--socket", filepath.Join(dir, "agent.sock"))
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	waitOutput(t, out, "serving without the store", "")
+	at := func(msg string) time.Time {
+		t.Helper()
+		for l := range strings.Lines(out.String()) {
+			if !strings.Contains(l, msg) {
+				continue
+			}
+			v, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+			ts, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				t.Fatalf("%q: %v", l, err)
+			}
+			return ts
+		}
+		t.Fatalf("no %q:\n%s", msg, out.String())
+		return time.Time{}
+	}
+	// The try's failure and the end of the wait: the same moment, not a
+	// whole --wait-store apart.
+	if d := at("serving without the store").Sub(at("store unreachable")); d > 900*time.Millisecond {
+		t.Fatalf("served without the store %v after its first try failed, with --wait-store 1s:\n%s", d, out.String())
+	}
+}
