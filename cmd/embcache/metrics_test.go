@@ -267,6 +267,9 @@ func TestAgentWaitStoreCountsFromItsStart(t *testing.T) {
 		cmd.Wait()
 	}()
 	waitOutput(t, out, "serving without the store", "")
+	if !strings.Contains(out.String(), "no NATS server answers") {
+		t.Errorf("the store's error does not say that no NATS server answers:\n%s", out.String())
+	}
 	at := func(msg string) time.Time {
 		t.Helper()
 		for l := range strings.Lines(out.String()) {
