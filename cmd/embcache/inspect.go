@@ -260,10 +260,11 @@ func newStats() *cobra.Command {
 			}
 			defer nc.Close()
 			// A replay takes as long as the stream is big: it is bounded by
-			// Ctrl-C, not by the request timeout.
+			// Ctrl-C, not by --timeout. Without one, --timeout bounds the
+			// whole (it bounded it at three times, one per kind of request).
 			ctx, cancel := cmd.Context(), context.CancelFunc(func() {})
 			if !live {
-				ctx, cancel = context.WithTimeout(ctx, 3*cf.timeout)
+				ctx, cancel = context.WithTimeout(ctx, cf.timeout)
 			}
 			defer cancel()
 			// What exists is printed; a bucket or stream not created yet

@@ -632,3 +632,30 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 		t.Fatalf("serve: %v\n%s", err, strings.Join(seen, "\n"))
 	}
 }
+
+// TestStatsKeepsToItsTimeout: against a server that takes JetStream
+// requests and answers none, stats gave up after three times --timeout.
+func TestStatsKeepsToItsTimeout(t *testing.T) {
+	srv, err := embedded.Start(embedded.Options{StoreDir: t.TempDir(),
+		Configure: func(o *server.Options) error { o.JetStream = false; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Subscribe("$JS.API.>", func(*nats.Msg) {}); err != nil { // taken, never answered
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, stderr, code := run(t, "stats", "--nats", srv.ClientURL(), "--timeout", "1s")
+	if took := time.Since(start); code != 1 || took > 2500*time.Millisecond {
+		t.Fatalf("stats --timeout 1s against a silent JetStream: exit %d after %v: %s", code, took, stderr)
+	}
+}
