@@ -3,6 +3,7 @@ package localcache
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"time"
 
@@ -145,21 +146,27 @@ func (c *Cache[K, V]) Contains(key K) bool {
 // for that request (the compute path: no window in which it is unpinned);
 // with "" it goes in unpinned. Keys are content addresses, so if key is
 // already present the first value stays and is pinned instead.
-// The error is ErrTooLarge if the value exceeds the byte budget.
+// The error is ErrInvalidValue for a nil value or a negative size, and
+// ErrTooLarge if the value exceeds the byte budget (or, with a budget near
+// math.MaxInt64, if pinned entries leave the byte count no room for it).
 func (c *Cache[K, V]) Put(req string, key K, value V) error {
-	size := value.Size()
-	if size > c.s.maxBytes || size < 0 {
-		return fmt.Errorf("%w: %d bytes, budget %d", ErrTooLarge, size, c.s.maxBytes)
+	size, err := c.sizeOf(value)
+	if err != nil {
+		return err
 	}
 	c.mu.Lock()
 	e, evicted := c.lookupLocked(key)
 	if e == nil {
+		if evicted, err = c.roomLocked(size, evicted); err != nil {
+			c.unlockAndReport(evicted)
+			return err
+		}
 		e = c.insertLocked(key, value, size)
 	}
 	if req != "" {
 		c.pinLocked(req, e, 1)
 	}
-	c.unlockAndReport(c.enforceLocked(evicted))
+	c.unlockAndReport(c.enforceLocked(evicted, 0))
 	return nil
 }
 
@@ -204,7 +211,7 @@ func (c *Cache[K, V]) Release(req string) int {
 		set.entries = set.entries[:0]
 		c.free = append(c.free, set)
 	}
-	c.unlockAndReport(c.enforceLocked(evicted))
+	c.unlockAndReport(c.enforceLocked(evicted, 0))
 	if c.onMutation != nil {
 		for _, k := range mutated {
 			c.onMutation(k)
@@ -220,8 +227,12 @@ func (c *Cache[K, V]) Remove(key K) bool { return c.Evict(key, CauseExplicit) }
 // Evict drops key's entry now, with the given cause (expired or not; if
 // pinned, it is dropped on its final release), in O(1), and reports
 // whether there was one. Unlike Invalidate it leaves a compute running for
-// key alone: its value is newer than the entry.
+// key alone: its value is newer than the entry. A cause that is none of
+// the named ones (the zero Cause included) is taken as CauseExplicit.
 func (c *Cache[K, V]) Evict(key K, cause Cause) bool {
+	if !cause.known() {
+		cause = CauseExplicit
+	}
 	c.mu.Lock()
 	e, ok := c.lru.Peek(key)
 	if !ok {
@@ -254,8 +265,16 @@ func (c *Cache[K, V]) detachLocked(key K, e *entry[V], cause Cause, evicted *[]e
 // for a key that matches (match is called with the zero V) still answers
 // its waiters, but its value never enters the index: it was read before the
 // invalidation. It returns how many entries matched. match runs under the
-// cache's lock: keep it cheap and do not call the cache.
+// cache's lock: keep it cheap and do not call the cache. A nil match
+// matches nothing; a cause that is none of the named ones (the zero Cause
+// included) is taken as CauseExplicit.
 func (c *Cache[K, V]) Invalidate(match func(K, V) bool, cause Cause) int {
+	if match == nil {
+		return 0
+	}
+	if !cause.known() {
+		cause = CauseExplicit
+	}
 	c.mu.Lock()
 	var zero V
 	for k, f := range c.flights {
@@ -329,14 +348,64 @@ func (c *Cache[K, V]) lookupLocked(key K) (*entry[V], []eviction[K, V]) {
 		c.bytes -= e.size
 		return nil, []eviction[K, V]{{key, e.value, CauseTTL}}
 	}
-	if !e.fixed {
-		e.expires = now.Add(c.s.ttl)
+	// A hit slides the TTL on, but never back before what Touch gave.
+	if t := now.Add(c.s.ttl); !e.fixed && t.After(e.expires) {
+		e.expires = t
 	}
 	return e, nil
 }
 
 func (c *Cache[K, V]) expiredLocked(e *entry[V]) bool {
 	return c.s.clock.Now().After(e.expires)
+}
+
+// sizeOf returns v's size: ErrInvalidValue if v is nil, its size is
+// negative or its Size panics, ErrTooLarge if it exceeds the byte budget.
+// It runs in Put's caller and in a compute's goroutine, where a panic
+// would take the process down.
+func (c *Cache[K, V]) sizeOf(v V) (size int64, err error) {
+	if isNil(v) {
+		return 0, fmt.Errorf("%w: nil %T", ErrInvalidValue, v)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			size, err = 0, fmt.Errorf("%w: Size of %T panicked: %v", ErrInvalidValue, v, r)
+		}
+	}()
+	switch size = v.Size(); {
+	case size < 0:
+		return 0, fmt.Errorf("%w: negative size %d", ErrInvalidValue, size)
+	case size > c.s.maxBytes:
+		return 0, fmt.Errorf("%w: %d bytes, budget %d", ErrTooLarge, size, c.s.maxBytes)
+	}
+	return size, nil
+}
+
+// isNil reports whether v is a nil interface, pointer, map, channel or
+// function. A nil slice is an empty value, not a missing one.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Chan, reflect.Func, reflect.Interface, reflect.UnsafePointer:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// roomLocked is for a budget near math.MaxInt64: if size more bytes would
+// wrap the byte count, it evicts unpinned entries first, as enforceLocked
+// would once they were in, and it returns ErrTooLarge if pinned entries
+// leave no room.
+func (c *Cache[K, V]) roomLocked(size int64, evicted []eviction[K, V]) ([]eviction[K, V], error) {
+	if size <= math.MaxInt64-c.bytes {
+		return evicted, nil
+	}
+	if evicted = c.enforceLocked(evicted, size); size > math.MaxInt64-c.bytes {
+		return evicted, fmt.Errorf("%w: %d bytes beside the %d held overflow the byte count", ErrTooLarge, size, c.bytes)
+	}
+	return evicted, nil
 }
 
 func (c *Cache[K, V]) insertLocked(key K, value V, size int64) *entry[V] {
@@ -382,10 +451,11 @@ func (c *Cache[K, V]) pinLocked(req string, e *entry[V], n int) {
 }
 
 // enforceLocked evicts unpinned entries, expired ones first and then the
-// least recently used, until the cache is within its budgets or nothing
-// unpinned is left. Pinned entries met at the old end move to the front:
-// they are in use, and the next scan need not pass them again.
-func (c *Cache[K, V]) enforceLocked(evicted []eviction[K, V]) []eviction[K, V] {
+// least recently used, until the cache is within its budgets with room
+// bytes to spare, or nothing unpinned is left. Pinned entries met at the
+// old end move to the front: they are in use, and the next scan need not
+// pass them again.
+func (c *Cache[K, V]) enforceLocked(evicted []eviction[K, V], room int64) []eviction[K, V] {
 	for scanned, n := 0, c.lru.Len(); scanned < n && c.lru.Len() > c.pinned; scanned++ {
 		k, e, _ := c.lru.GetOldest()
 		if e.pins > 0 {
@@ -395,7 +465,7 @@ func (c *Cache[K, V]) enforceLocked(evicted []eviction[K, V]) []eviction[K, V] {
 		cause := CauseSize
 		if c.expiredLocked(e) {
 			cause = CauseTTL
-		} else if c.bytes <= c.s.maxBytes && c.lru.Len() <= c.s.maxEntries {
+		} else if c.bytes <= c.s.maxBytes-room && c.lru.Len() <= c.s.maxEntries {
 			break
 		}
 		c.lru.RemoveOldest()

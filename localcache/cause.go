@@ -21,6 +21,10 @@ const (
 	numCauses
 )
 
+// known reports whether c is one of the named causes. The zero Cause is
+// not: an entry's zero Cause means it is still in the index.
+func (c Cause) known() bool { return c >= CauseSize && c < numCauses }
+
 // String returns "size", "ttl", "invalidated", "explicit" or "store".
 func (c Cause) String() string {
 	switch c {

@@ -6,6 +6,9 @@ var (
 	// ErrTooLarge is returned when a value is larger than the cache's byte
 	// budget: it could never be held.
 	ErrTooLarge = errors.New("localcache: value larger than the cache budget")
+	// ErrInvalidValue is returned for a value that cannot be held: a nil
+	// one, one whose Size is negative, or one whose Size panics.
+	ErrInvalidValue = errors.New("localcache: invalid value")
 	// ErrComputeTimeout is returned to every waiter when a compute runs past
 	// the compute timeout.
 	ErrComputeTimeout = errors.New("localcache: compute timed out")

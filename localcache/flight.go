@@ -30,8 +30,9 @@ type flight[V Value] struct {
 // A caller whose ctx ends returns ctx.Err() at once; the compute goes on
 // for the others and lands in the cache. If fn fails, every waiter gets its
 // error and the key can be computed again. Past the compute timeout, waiters
-// get ErrComputeTimeout. A value over the byte budget is ErrTooLarge; a
-// panic in fn is ErrComputePanicked.
+// get ErrComputeTimeout. A value over the byte budget is ErrTooLarge, a nil
+// one or one of negative size ErrInvalidValue; a panic in fn is
+// ErrComputePanicked.
 func (c *Cache[K, V]) GetOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V]) (V, error) {
 	return c.getOrCompute(ctx, req, key, fn, true)
 }
@@ -137,14 +138,19 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 	}
 	var size int64
 	if err == nil {
-		if size = v.Size(); size > c.s.maxBytes || size < 0 {
-			err = fmt.Errorf("%w: %d bytes, budget %d", ErrTooLarge, size, c.s.maxBytes)
-		}
+		size, err = c.sizeOf(v)
 	}
 
 	c.mu.Lock()
 	delete(c.flights, key)
 	var evicted []eviction[K, V]
+	var e *entry[V] // the entry already in the index, if any
+	if err == nil && f.discard == 0 {
+		e, evicted = c.lookupLocked(key)
+	}
+	if err == nil && e == nil {
+		evicted, err = c.roomLocked(size, evicted)
+	}
 	switch {
 	case err != nil:
 		c.stats.ComputeErrors++
@@ -161,8 +167,6 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 			evicted = append(evicted, eviction[K, V]{key, v, f.discard})
 		}
 	default:
-		var e *entry[V]
-		e, evicted = c.lookupLocked(key)
 		if e == nil {
 			e = c.insertLocked(key, v, size)
 		}
@@ -170,7 +174,7 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 		for req, n := range f.waiters {
 			c.pinLocked(req, e, n)
 		}
-		evicted = c.enforceLocked(evicted)
+		evicted = c.enforceLocked(evicted, 0)
 	}
 	f.value, f.err = v, err
 	close(f.done)

@@ -94,8 +94,14 @@ func TestProperties(t *testing.T) {
 	})
 }
 
+// fataler is *rapid.T or *testing.T.
+type fataler interface {
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
 // checkInvariants walks the cache's internals.
-func checkInvariants(t *rapid.T, c *Cache[string, blob], maxBytes int64, maxEntries int) {
+func checkInvariants(t fataler, c *Cache[string, blob], maxBytes int64, maxEntries int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pins := map[*entry[blob]]int{}
