@@ -30,9 +30,9 @@ type flight[V Value] struct {
 // A caller whose ctx ends returns ctx.Err() at once; the compute goes on
 // for the others and lands in the cache. If fn fails, every waiter gets its
 // error and the key can be computed again. Past the compute timeout, waiters
-// get ErrComputeTimeout. A value over the byte budget is ErrTooLarge, a nil
-// one or one of negative size ErrInvalidValue; a panic in fn is
-// ErrComputePanicked.
+// get ErrComputeTimeout. A value over the byte budget is ErrTooLarge (and
+// goes to OnEvict with CauseSize), a nil one or one of negative size
+// ErrInvalidValue; a panic in fn is ErrComputePanicked.
 func (c *Cache[K, V]) GetOrCompute(ctx context.Context, req string, key K, fn ComputeFunc[V]) (V, error) {
 	return c.getOrCompute(ctx, req, key, fn, true)
 }
@@ -137,7 +137,8 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 		err = fmt.Errorf("%w after %v: %w", ErrComputeTimeout, c.s.computeTimeout, err)
 	}
 	var size int64
-	if err == nil {
+	computed := err == nil // fn's value is ours to hand out, or to let go
+	if computed {
 		size, err = c.sizeOf(v)
 	}
 
@@ -154,6 +155,11 @@ func (c *Cache[K, V]) run(key K, f *flight[V], fn ComputeFunc[V]) {
 	switch {
 	case err != nil:
 		c.stats.ComputeErrors++
+		if computed && errors.Is(err, ErrTooLarge) {
+			// Never held, so never evicted: OnEvict releases it (a
+			// mapping the compute made was left open).
+			evicted = append(evicted, eviction[K, V]{key, v, CauseSize})
+		}
 	case f.discard != 0:
 		// Invalidated while it ran: the waiters hold it, detached, and it
 		// goes with their last release (now, if none is left).

@@ -468,3 +468,23 @@ func TestConcurrentFlights(t *testing.T) {
 		t.Fatalf("stats %+v, %d computes ran", s, computes.Load())
 	}
 }
+
+// TestATooLargeComputeGoesToOnEvict: a computed value over the budget is
+// an error for its callers and is never held, so OnEvict is where its
+// resources are released (the coordinator closes a value's mapping there:
+// it was left open).
+func TestATooLargeComputeGoesToOnEvict(t *testing.T) {
+	c, _, log := newTestCache(t, WithMaxBytes(100))
+	_, err := c.GetOrCompute(context.Background(), "r", "big", func(context.Context) (blob, error) {
+		return make(blob, 101), nil
+	})
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("GetOrCompute of a value over the budget: %v", err)
+	}
+	if log.cause("big") != CauseSize {
+		t.Fatalf("the refused value went to OnEvict with %v, want size", log.cause("big"))
+	}
+	if s := c.Stats(); s.Bytes != 0 || s.Entries != 0 || s.Pinned != 0 {
+		t.Fatalf("accounting: %+v", s)
+	}
+}
