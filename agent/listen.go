@@ -24,7 +24,7 @@ func ListenUnix(path string) (net.Listener, error) {
 		// removed: a mistyped --socket naming a file of the user's took
 		// it (a dial to a regular file is refused like a stale socket's).
 		if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("%s: exists and is not a socket (%s)", path, fi.Mode().Type())
+			return nil, fmt.Errorf("%s: exists and is not a socket (%s)", path, fi.Mode())
 		}
 		os.Remove(path)
 	}

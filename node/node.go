@@ -240,15 +240,19 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
+	var last error // what JetStream last said (NoCache), not cut short by ctx
 	for {
 		err := ready()
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() == nil {
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			if n.cache == nil {
-				return fmt.Errorf("%w: JetStream: %w (%w)", ErrNotReady, err, context.Cause(ctx))
+			if n.cache == nil && last != nil {
+				return fmt.Errorf("%w: JetStream: %w (%w)", ErrNotReady, last, context.Cause(ctx))
 			}
 			return fmt.Errorf("%w: %w", ErrNotReady, context.Cause(ctx))
 		case <-t.C:
@@ -256,10 +260,11 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 }
 
-// jetStreamAnswers asks JetStream once, within readyAsk, for the event
-// stream (creating it if it is missing: a node that only serves is the
-// one that makes it before any worker runs) or, with NoEvents, for the
-// account.
+// jetStreamAnswers asks JetStream, within readyAsk, for the account (its
+// answer says what is wrong: "jetstream not enabled", where a stream
+// request finds no responder) and then, unless NoEvents, for the event
+// stream, creating it if it is missing: a node that only serves is the
+// one that makes it before any worker runs.
 func (n *Node) jetStreamAnswers(ctx context.Context) error {
 	if !n.nc.IsConnected() {
 		return nats.ErrNoServers
@@ -270,11 +275,10 @@ func (n *Node) jetStreamAnswers(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyAsk)
 	defer cancel()
-	if n.opts.NoEvents {
-		_, err = js.AccountInfo(ctx)
-	} else {
-		_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
+	if _, err := js.AccountInfo(ctx); err != nil || n.opts.NoEvents {
+		return err
 	}
+	_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
 	return err
 }
 

@@ -585,13 +585,24 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
 	}
+	waited := false
+	defer func() { // a test that failed half-way leaves no serve behind
+		if !waited {
+			serve.Process.Kill()
+			serve.Wait()
+		}
+	}()
 	w.Close()
 	lines := make(chan string)
 	go func() {
 		defer close(lines)
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
-			lines <- sc.Text()
+			select {
+			case lines <- sc.Text():
+			case <-t.Context().Done():
+				return
+			}
 		}
 	}()
 	var seen []string
@@ -617,6 +628,9 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 		}
 	}
 	next("embcache serve: waiting for NATS JetStream to answer")
+	if l := seen[len(seen)-1]; !strings.Contains(l, "jetstream not enabled") || strings.Count(l, "context deadline exceeded") > 1 {
+		t.Errorf("the waiting line does not say what the server said: %s", l)
+	}
 	noJS.Shutdown()
 	js, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "js"), Port: port})
 	if err != nil {
@@ -628,6 +642,7 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 	next("embcache serve: stopped")
 	for range lines {
 	}
+	waited = true
 	if err := serve.Wait(); err != nil {
 		t.Fatalf("serve: %v\n%s", err, strings.Join(seen, "\n"))
 	}

@@ -153,24 +153,30 @@ func (c *serveConfig) startNATS() (*embedded.Server, error) {
 }
 
 // readyQuiet is how long serve waits for JetStream before it says it
-// waits: a server that has just started answers within it.
+// waits (a server that has just started answers within it), and how often
+// it says so again if what JetStream says has changed.
 const readyQuiet = 3 * time.Second
 
-// waitJetStream waits until JetStream answers (node.Ready), saying so once
-// if it takes longer than readyQuiet, and reports whether it did before
-// ctx ended. "ready" is said after it, never before: a restarted server
-// whose JetStream answered nothing for minutes, and a --nats that nothing
-// listened at, were both announced ready.
+// waitJetStream waits until JetStream answers (node.Ready) and reports
+// whether it did before ctx ended. "ready" is said after it, never
+// before: a restarted server whose JetStream answered nothing for
+// minutes, and a --nats that nothing listened at, were both announced
+// ready.
 func waitJetStream(ctx context.Context, n *node.Node, out io.Writer) bool {
-	qctx, cancel := context.WithTimeout(ctx, readyQuiet)
-	err := n.Ready(qctx)
-	cancel()
-	if err == nil {
-		return true
+	said := ""
+	for {
+		qctx, cancel := context.WithTimeout(ctx, readyQuiet)
+		err := n.Ready(qctx)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if msg := err.Error(); msg != said {
+			fmt.Fprintf(out, "embcache serve: waiting for NATS JetStream to answer: %v\n", err)
+			said = msg
+		}
 	}
-	if ctx.Err() != nil {
-		return false
-	}
-	fmt.Fprintf(out, "embcache serve: waiting for NATS JetStream to answer: %v\n", err)
-	return n.Ready(ctx) == nil
 }
