@@ -519,31 +519,51 @@ func TestStatsSaysWhatIsMissing(t *testing.T) {
 	}
 }
 
+// startLines starts the command with args, its output (stdout and
+// stderr) a line at a time on the channel, which is closed at its end. A
+// test that ends before it has waited for the process kills it.
+func startLines(t *testing.T, args ...string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		r.Close()
+	})
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-t.Context().Done(): // nobody reads any more
+				return
+			}
+		}
+	}()
+	return cmd, lines
+}
+
 // TestServeSaysStoppedOnceDown: "stopped" came before the embedded
 // server's shutdown, so a shutdown that hung read as done (a
 // walkthrough's did). It is the last line, after NATS's own.
 func TestServeSaysStoppedOnceDown(t *testing.T) {
 	port, _ := embedded.FreePort("127.0.0.1")
 	dir := t.TempDir()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve := exec.Command(binary, "serve", "-v", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
+	serve, lines := startLines(t, "serve", "-v", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
 		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--no-reconciler")
-	serve.Stdout, serve.Stderr = w, w
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	for l := range lines {
 		if strings.Contains(l, "embcache serve: ready") {
 			break
@@ -575,36 +595,8 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer noJS.Shutdown()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve := exec.Command(binary, "serve", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", port),
+	serve, lines := startLines(t, "serve", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", port),
 		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s")
-	serve.Stdout, serve.Stderr = w, w
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := false
-	defer func() { // a test that failed half-way leaves no serve behind
-		if !waited {
-			serve.Process.Kill()
-			serve.Wait()
-		}
-	}()
-	w.Close()
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			case <-t.Context().Done():
-				return
-			}
-		}
-	}()
 	var seen []string
 	next := func(want string) {
 		t.Helper()
@@ -642,7 +634,6 @@ func TestServeIsReadyOnceJetStreamAnswers(t *testing.T) {
 	next("embcache serve: stopped")
 	for range lines {
 	}
-	waited = true
 	if err := serve.Wait(); err != nil {
 		t.Fatalf("serve: %v\n%s", err, strings.Join(seen, "\n"))
 	}
