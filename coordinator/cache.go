@@ -186,12 +186,12 @@ func (c *Cache) connectStore(ctx context.Context) error {
 	defer cancel()
 	b, err := lease.OpenBucket(octx, c.nc, lease.BucketConfig{Name: c.s.bucket, Replicas: c.s.replicas,
 		MarkerTTL: c.s.markerTTL, Direct: len(c.s.tenants) > 0, Shards: c.s.shards})
-	if err != nil && !c.nc.IsConnected() {
-		// Not the bucket's fault: "bucket EMBCACHE_LEASES: context
-		// deadline exceeded" sent operators to look at the bucket.
-		return fmt.Errorf("no NATS server answers: %w", err)
-	}
 	if err != nil {
+		if !c.nc.IsConnected() {
+			// Not the bucket's fault: "bucket EMBCACHE_LEASES: context
+			// deadline exceeded" sent operators to look at the bucket.
+			return fmt.Errorf("no NATS server answers: %w", err)
+		}
 		return err
 	}
 	c.mu.Lock()

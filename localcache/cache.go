@@ -230,9 +230,7 @@ func (c *Cache[K, V]) Remove(key K) bool { return c.Evict(key, CauseExplicit) }
 // key alone: its value is newer than the entry. A cause that is none of
 // the named ones (the zero Cause included) is taken as CauseExplicit.
 func (c *Cache[K, V]) Evict(key K, cause Cause) bool {
-	if !cause.known() {
-		cause = CauseExplicit
-	}
+	cause = cause.named()
 	c.mu.Lock()
 	e, ok := c.lru.Peek(key)
 	if !ok {
@@ -272,9 +270,7 @@ func (c *Cache[K, V]) Invalidate(match func(K, V) bool, cause Cause) int {
 	if match == nil {
 		return 0
 	}
-	if !cause.known() {
-		cause = CauseExplicit
-	}
+	cause = cause.named()
 	c.mu.Lock()
 	var zero V
 	for k, f := range c.flights {

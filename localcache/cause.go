@@ -21,9 +21,15 @@ const (
 	numCauses
 )
 
-// known reports whether c is one of the named causes. The zero Cause is
-// not: an entry's zero Cause means it is still in the index.
-func (c Cause) known() bool { return c >= CauseSize && c < numCauses }
+// named is c if it is one of the named causes, CauseExplicit otherwise.
+// The zero Cause is not one: an entry's zero Cause means it is still in
+// the index.
+func (c Cause) named() Cause {
+	if c >= CauseSize && c < numCauses {
+		return c
+	}
+	return CauseExplicit
+}
 
 // String returns "size", "ttl", "invalidated", "explicit" or "store".
 func (c Cause) String() string {

@@ -227,18 +227,26 @@ func sample(body, want string) float64 {
 	return total
 }
 
-// An agent stopped while it waits for a store that is not there exits
-// at once and quietly: it does not log that it serves without the store,
-// nor listen first (a new user's walkthrough found both).
-func TestAnAgentStoppedWhileItWaitsForTheStoreExits(t *testing.T) {
+// startAgentWithoutNATS starts an agent whose NATS is not there, waiting
+// --wait-store for it, with its output in out.
+func startAgentWithoutNATS(t *testing.T, waitStore string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", "1m", "--node", "a1",
+	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", waitStore, "--node", "a1",
 		"--shm-dir", filepath.Join(dir, "shm"), "--socket", filepath.Join(dir, "agent.sock"))
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return cmd, out
+}
+
+// An agent stopped while it waits for a store that is not there exits
+// at once and quietly: it does not log that it serves without the store,
+// nor listen first (a new user's walkthrough found both).
+func TestAnAgentStoppedWhileItWaitsForTheStoreExits(t *testing.T) {
+	cmd, out := startAgentWithoutNATS(t, "1m")
 	waitOutput(t, out, "store unreachable", "") // logged as the node starts, before the agent waits for the store
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
@@ -254,14 +262,7 @@ func TestAnAgentStoppedWhileItWaitsForTheStoreExits(t *testing.T) {
 // that much longer than asked. With a wait shorter than that try, it
 // serves without the store as soon as the try fails.
 func TestAgentWaitStoreCountsFromItsStart(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", "1s", "--node", "a1",
-		"--shm-dir", filepath.Join(dir, "shm"), "--socket", filepath.Join(dir, "agent.sock"))
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startAgentWithoutNATS(t, "1s")
 	defer func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		cmd.Wait()
