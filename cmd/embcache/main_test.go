@@ -95,6 +95,48 @@ func TestDemoJSON(t *testing.T) {
 	}
 }
 
+// readmeSpeedupFloor is the speedup the README promises for the demo at its
+// defaults, whatever the machine's load; its sample output must show at
+// least as much.
+const readmeSpeedupFloor = 1.5
+
+// TestDemoKeepsTheREADMEsSpeedup runs the demo as the README's first
+// command does (defaults) and holds it to the README: the speedup over no
+// cache above readmeSpeedupFloor, which the README states, and the sample
+// output's own speedup above it too.
+func TestDemoKeepsTheREADMEsSpeedup(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := fmt.Sprintf("above %.1fx", readmeSpeedupFloor)
+	if !bytes.Contains(readme, []byte(floor)) {
+		t.Fatalf("the README does not state the floor this test holds the demo to (%q)", floor)
+	}
+	var sample float64
+	for line := range strings.Lines(string(readme)) {
+		if _, rest, ok := strings.Cut(line, "without the cache: "); ok && strings.HasPrefix(line, "wall time") {
+			fmt.Sscanf(rest, "%fx faster", &sample)
+		}
+	}
+	if sample < readmeSpeedupFloor {
+		t.Fatalf("the README's sample output shows %.2fx (or none), under its floor of %.1fx", sample, readmeSpeedupFloor)
+	}
+	out, stderr, code := run(t, "demo", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	var r demo.Report
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if !r.ForwardsOK || r.Speedup < readmeSpeedupFloor {
+		t.Fatalf("the demo: %.2fx faster with the cache (%.2fs, %.2fs without), %d forwards for %d inputs; the README promises %.1fx and one forward per input",
+			r.Speedup, r.Seconds, r.Baseline.Seconds, r.EncoderForwards, r.UniqueInputs, readmeSpeedupFloor)
+	}
+	t.Logf("%.2fx (README sample %.2fx); remote-hit p50 %.2f ms", r.Speedup, sample, r.Paths["remote-hit"].P50)
+}
+
 func TestUsageErrorsExit2(t *testing.T) {
 	shm := t.TempDir()
 	for _, args := range [][]string{

@@ -8,13 +8,18 @@
 // a file of the same bytes (the first writer wins), replacing one of other
 // bytes (the key's value from before an invalidation); readers never see a
 // partial file, and those that mapped a replaced file keep its bytes. Each file is
-// the value's encoding followed by its 32-byte checksum (the trailer). The
-// first Get of a file in a process maps it and hashes the encoding: it must
-// hash to the trailer, and the trailer must be the Location's checksum, so
-// a flipped byte or a foreign file is payload.ErrCorrupt, never a value.
-// Later Gets share that mapping while a value holds it and hash nothing
-// (WithVerifyData(false) checks the trailer only; docs/protocol.md section
-// 2.3 has the threat model and the cost). Receive writes a value streamed
-// from another node the same way, hashing it as it writes, and puts it in
-// place only if it matches the checksum it was sent for.
+// the value's encoding followed by its 32-byte checksum (the trailer).
+//
+// A Get serves a file only if its encoding hashes to its trailer and the
+// trailer is the Location's checksum, so a flipped byte or a foreign file
+// is payload.ErrCorrupt, never a value. The hash is paid once per file
+// version per node: the writer, which hashed the bytes as it wrote them,
+// or else the first reader, leaves a proof beside the values naming the
+// file's inode, size and ctime; any Store of the node trusts it while the
+// file is unchanged (a change moves its ctime, which no user can set), and
+// Gets of one file share one mapping (WithVerifyData(false) checks the
+// trailer only; docs/protocol.md section 2.3 has the threat model and the
+// cost). Receive writes a value streamed from another node the same way,
+// hashing it as it writes, and puts it in place only if it matches the
+// checksum it was sent for.
 package shm

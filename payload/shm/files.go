@@ -21,7 +21,7 @@ func (s *Store) Files() iter.Seq[File] {
 			return
 		}
 		for _, t := range tenants {
-			if !t.IsDir() || t.Name() == tmpDir {
+			if !t.IsDir() || t.Name() == tmpDir || t.Name() == proofDir {
 				continue
 			}
 			names, err := os.ReadDir(filepath.Join(s.dir, t.Name()))

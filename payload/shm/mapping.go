@@ -14,18 +14,18 @@ import (
 )
 
 // fileID names one version of a file: a file replaced under its name, or
-// written in place (which moves its mtime or ctime), is another file, and
-// is mapped and verified afresh.
+// changed in place (which moves its ctime), is another file, and is mapped
+// and verified afresh.
 type fileID struct {
 	dev, ino     uint64
 	size         int64 // the whole file, trailer included
+	uid          uint32
 	mtime, ctime unix.Timespec
 }
 
 // mapping is one read-only map of a file, shared by every value Get
-// returns for it and verified once, when it is made. It is unmapped when
-// the last of those values is closed; the next Get maps and verifies the
-// file again.
+// returns for it and verified when it is made (by a proof, or by hashing
+// the file). It is unmapped when the last of those values is closed.
 type mapping struct {
 	id    fileID
 	ready chan struct{} // closed once mem, trailer and err are set; they do not change after
@@ -38,7 +38,7 @@ type mapping struct {
 }
 
 func idOf(st *unix.Stat_t) fileID {
-	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, uid: st.Uid, mtime: st.Mtim, ctime: st.Ctim}
 }
 
 // encoding is the mapped file without its trailer.
@@ -49,7 +49,7 @@ func (m *mapping) encoding() []byte {
 
 // acquire returns obj's file mapped, with one reference for the caller to
 // release. A file this Store has mapped already, unchanged, is not mapped
-// or hashed again; concurrent first Gets of a file share one hash.
+// again; concurrent first Gets of a file share one map and check.
 func (s *Store) acquire(ctx context.Context, obj payload.ObjectID, want int64) (*mapping, error) {
 	if err := obj.Validate(); err != nil {
 		return nil, err
@@ -57,6 +57,7 @@ func (s *Store) acquire(ctx context.Context, obj payload.ObjectID, want int64) (
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	at := coarseNow() // before the stat: see proof.at
 	path := s.path(obj)
 	f, err := openFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -96,12 +97,10 @@ func (s *Store) acquire(ctx context.Context, obj payload.ObjectID, want int64) (
 		s.maps = make(map[fileID]*mapping)
 	}
 	s.maps[id] = m
-	_, hashed := s.recv[id]
-	delete(s.recv, id)
 	s.mu.Unlock()
 
-	// Map and hash outside the lock; later Gets of this file wait on ready.
-	m.err = s.mapVerified(m, f, obj, hashed)
+	// Map and check outside the lock; later Gets of this file wait on ready.
+	m.err = s.mapVerified(m, f, obj, at)
 	if m.err != nil {
 		s.mu.Lock()
 		if s.maps[id] == m {
@@ -130,18 +129,22 @@ func sumOf(mem []byte) (sum payload.Checksum, err error) {
 	return payload.Checksum(blake3.Sum256(mem)), nil
 }
 
-// mapVerified maps f into m and reads its trailer; with verification, it
-// hashes the encoding too (unless Receive hashed it as it wrote it), and
-// removes a file whose encoding does not hash to its trailer (so that a
-// writer can put the value in place again).
-func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, hashed bool) error {
+// mapVerified maps f into m and reads its trailer. With verification, a
+// file version with a proof (this process's or the node's) is not hashed;
+// any other is hashed, proved if it matches its trailer and did not change
+// meanwhile, and removed if it does not match (so that a writer can put the
+// value in place again). at is the coarse clock before m.id's stat.
+func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, at unix.Timespec) error {
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(m.id.size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("shm: mmap: %w", err)
 	}
 	m.mem = mem
 	copy(m.trailer[:], mem[len(mem)-trailerSize:])
-	if !s.verifyData || hashed {
+	if !s.verifyData {
+		return nil
+	}
+	if sum, ok := s.proofs.find(obj, m.id); ok && sum == m.trailer {
 		return nil
 	}
 	s.hashes.Add(1)
@@ -150,8 +153,15 @@ func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, hashed
 		return fmt.Errorf("%w: %v: %v", payload.ErrCorrupt, obj, err)
 	}
 	if got != m.trailer {
-		s.removeIfSame(s.path(obj), m.id)
+		s.removeIfSame(obj, m.id)
 		return fmt.Errorf("%w: %v hashes to %v, its trailer says %v", payload.ErrCorrupt, obj, got, m.trailer)
+	}
+	// A file changed while it was hashed (a Put of the same bytes moves
+	// its times) is served as hashed, but proves nothing: its next map
+	// hashes it again.
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) == nil && idOf(&st) == m.id {
+		s.proofs.add(obj, proof{id: m.id, sum: got, at: at})
 	}
 	return nil
 }
@@ -171,38 +181,18 @@ func (s *Store) release(m *mapping) error {
 	return unix.Munmap(m.mem)
 }
 
-// removeIfSame removes the file at path if it is still the file id names
-// (not one written under the name since).
-func (s *Store) removeIfSame(path string, id fileID) {
+// removeIfSame removes obj's file if it is still the file id names (not
+// one written under the name since).
+func (s *Store) removeIfSame(obj payload.ObjectID, id fileID) {
+	path := s.path(obj)
 	var st unix.Stat_t
 	if unix.Stat(path, &st) != nil || st.Dev != id.dev || st.Ino != id.ino {
 		return
 	}
 	if os.Remove(path) == nil {
+		s.proofs.forget(obj, id.ino)
 		s.mu.Lock()
 		s.used = max(0, s.used-id.size)
 		s.mu.Unlock()
 	}
-}
-
-// maxReceived bounds the files Receive remembers as hashed; past it they
-// are forgotten, and hashed at their first map like any other.
-const maxReceived = 64
-
-// noteReceived remembers the file Receive just put in place at path, whose
-// bytes it hashed as it wrote them: the Get that follows (the router's,
-// right after) maps it without a second pass. Any change to the file
-// (another file under the name, a write, a chmod) makes it another fileID,
-// which is hashed.
-func (s *Store) noteReceived(path string) {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil {
-		return
-	}
-	s.mu.Lock()
-	if s.recv == nil || len(s.recv) >= maxReceived {
-		s.recv = make(map[fileID]struct{})
-	}
-	s.recv[idOf(&st)] = struct{}{}
-	s.mu.Unlock()
 }

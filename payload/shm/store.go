@@ -36,10 +36,11 @@ type Store struct {
 	maxBytes   int64
 	verifyData bool
 
+	proofs *proofs // which file versions are known to hash to their trailer
+
 	mu   sync.Mutex
 	used int64               // bytes of files in dir, as this Store knows them; guarded by mu
 	maps map[fileID]*mapping // the files Get has mapped, while a value holds them; guarded by mu, lazily initialized
-	recv map[fileID]struct{} // files Receive hashed as it wrote them, not mapped by Get yet; guarded by mu, lazily initialized
 
 	hashes atomic.Int64 // files hashed by Get (for tests)
 }
@@ -69,13 +70,13 @@ func WithNode(node string) Option {
 	}
 }
 
-// WithVerifyData sets whether Get hashes a file's whole encoding when this
-// process maps it (one pass over the data, once per mapping: values of the
-// same file share it), or only checks the trailer the writer left. On by
+// WithVerifyData sets whether Get checks that a file's whole encoding
+// hashes to its trailer, or only checks the trailer the writer left. On by
 // default: a flipped byte, on tmpfs or by another process, is then a miss,
-// never a hit (docs/protocol.md section 2.3 has the threat model and the
-// cost: one BLAKE3 pass, 0.35-0.5 ms per MiB on 2 cores, against tens of
-// microseconds for a map that checks the trailer only).
+// never a hit. The hash is paid once per file version per node, by its
+// writer or first reader, which leave a proof that later readers trust
+// while the file is unchanged (docs/protocol.md section 2.3 has the threat
+// model and the cost).
 func WithVerifyData(on bool) Option {
 	return func(s *Store) error { s.verifyData = on; return nil }
 }
@@ -99,11 +100,12 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(abs, tmpDir), 0o755); err != nil {
 		return nil, fmt.Errorf("shm: %w", err)
 	}
+	s.proofs = newProofs(abs)
 	err = filepath.WalkDir(abs, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && d.Name() == tmpDir {
+		if d.IsDir() && (d.Name() == tmpDir || d.Name() == proofDir) {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() {
@@ -177,7 +179,7 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	written, err := s.write(final, size, sum, present, func(f *os.File) error {
+	err = s.write(obj, size, sum, present, func(f *os.File) error {
 		for _, p := range [][]byte{header, data, sum[:]} {
 			if _, err := f.Write(p); err != nil {
 				return err
@@ -185,9 +187,6 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 		}
 		return nil
 	})
-	if written {
-		s.noteReceived(final) // hashed as it was written: its first map need not hash it
-	}
 	return s.placed(obj, size, sum, err)
 }
 
@@ -221,7 +220,7 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 		touch(final)
 		return s.location(obj, size, sum), nil
 	}
-	written, err := s.write(final, size, sum, present, func(f *os.File) error {
+	err := s.write(obj, size, sum, present, func(f *os.File) error {
 		got, err := copyHashing(ctx, f, r, size)
 		if err != nil {
 			return err
@@ -234,9 +233,6 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 		}
 		return decodes(f, size)
 	})
-	if written {
-		s.noteReceived(final)
-	}
 	return s.placed(obj, size, sum, err)
 }
 
@@ -349,21 +345,31 @@ func openFile(path string) (*os.File, error) {
 }
 
 // write reserves the budget for a file of the encoding of size bytes
-// whose BLAKE3 is sum (and its trailer) and puts in place at final the
-// file fill writes (into a temp file, preallocated). written is false when
-// nothing new stays on disk: an error, or another writer put the same
-// bytes in place first. With replace, the file takes the place of the one
-// at final (which has other bytes); without, a file that appeared
-// meanwhile stands if it holds the same bytes, and is replaced if not (a
-// value of the key from before an invalidation, say: the caller's value
-// is what its Location must name).
-func (s *Store) write(final string, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) (written bool, err error) {
+// whose BLAKE3 is sum (and its trailer) and puts in place as obj's file
+// the file fill writes (into a temp file, preallocated), with its proof:
+// fill wrote every byte of it. With replace, the file takes the place of
+// the one there (which has other bytes); without, a file that appeared
+// meanwhile stands if it holds the same bytes (its writer proved it), and
+// is replaced if not (a value of the key from before an invalidation, say:
+// the caller's value is what its Location must name).
+func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) error {
+	p, written, err := s.put(s.path(obj), size, sum, replace, fill)
+	if written && p.id != (fileID{}) {
+		s.proofs.add(obj, p)
+	}
+	return err
+}
+
+// put is write but for keeping the proof, which it returns. written is
+// false when nothing new stays on disk: an error, or another writer put
+// the same bytes in place first.
+func (s *Store) put(final string, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) (p proof, written bool, err error) {
 	fileSize := size + int64(trailerSize)
 	s.mu.Lock()
 	if s.used+fileSize > s.maxBytes {
 		used := s.used
 		s.mu.Unlock()
-		return false, fmt.Errorf("%w: %d bytes used, %d more exceed the budget of %d", payload.ErrNoSpace, used, fileSize, s.maxBytes)
+		return proof{}, false, fmt.Errorf("%w: %d bytes used, %d more exceed the budget of %d", payload.ErrNoSpace, used, fileSize, s.maxBytes)
 	}
 	s.used += fileSize
 	s.mu.Unlock()
@@ -375,11 +381,11 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 		}
 	}()
 	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return false, fmt.Errorf("shm: %w", err)
+		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	tmp, err := os.CreateTemp(filepath.Join(s.dir, tmpDir), strconv.Itoa(os.Getpid())+"-*")
 	if err != nil {
-		return false, fmt.Errorf("shm: %w", err)
+		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	// Locked while it is written and put in place: Sweep removes only a
 	// temp file nobody holds (a writer that died: the kernel drops its
@@ -391,37 +397,37 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 		}
 	}()
 	if err := unix.Flock(int(tmp.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return false, fmt.Errorf("shm: locking the temp file: %w", err)
+		return proof{}, false, fmt.Errorf("shm: locking the temp file: %w", err)
 	}
 	if err := unix.Fallocate(int(tmp.Fd()), 0, 0, fileSize); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+			return proof{}, false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) {
-			return false, fmt.Errorf("shm: fallocate: %w", err)
+			return proof{}, false, fmt.Errorf("shm: fallocate: %w", err)
 		}
 	}
 	if err := fill(tmp); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+			return proof{}, false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
 		}
-		return false, fmt.Errorf("shm: %w", err)
+		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	if err := tmp.Chmod(0o444); err != nil {
-		return false, fmt.Errorf("shm: %w", err)
+		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
 	if !replace {
 		err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
 		if !errors.Is(err, unix.EEXIST) {
 			if err != nil {
-				return false, fmt.Errorf("shm: rename into place: %w", err)
+				return proof{}, false, fmt.Errorf("shm: rename into place: %w", err)
 			}
-			return true, nil
+			return placedProof(tmp, sum)
 		}
 		if old, oldSum, ok := existing(final); ok && old == size && oldSum == sum {
 			os.Remove(tmp.Name())
-			return false, nil // another writer put these bytes in place first
+			return proof{}, false, nil // another writer put these bytes in place first
 		}
 		// Other bytes got there first (or no value file: then the rename
 		// below fails): ours replace them.
@@ -433,26 +439,38 @@ func (s *Store) write(final string, size int64, sum payload.Checksum, replace bo
 		oldSize = st.Size
 	}
 	if err := os.Rename(tmp.Name(), final); err != nil {
-		return false, fmt.Errorf("shm: rename into place: %w", err)
+		return proof{}, false, fmt.Errorf("shm: rename into place: %w", err)
 	}
 	if oldSize >= 0 {
 		s.mu.Lock()
 		s.used = max(0, s.used-oldSize)
 		s.mu.Unlock()
 	}
-	return true, nil
+	return placedProof(tmp, sum)
+}
+
+// placedProof is the proof of the file f that put has just put in place
+// (its own descriptor: the name may already be another writer's file).
+func placedProof(f *os.File, sum payload.Checksum) (p proof, written bool, err error) {
+	p.at = coarseNow() // before the stat: see proof.at
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return proof{}, true, nil // in place, unproved: its first reader hashes it
+	}
+	p.id, p.sum = idOf(&st), sum
+	return p, true, nil
 }
 
 // Get returns the value at loc over a read-only mapping of its file;
 // Close on the value releases it. Values of the same file share one
-// mapping, which is verified once, when this process maps the file: with
-// verification on (the default, WithVerifyData) the BLAKE3 of the whole
-// encoding must equal the file's trailer, and the trailer loc's checksum
-// (so the bytes are checked against the record's checksum, not only
-// against the file's own claim). A mismatch, or a size other than loc's,
-// is payload.ErrCorrupt, never a value; a file whose data disagrees with
-// its own trailer is removed, so that the value can be written again. A
-// missing file is payload.ErrNotFound.
+// mapping. With verification on (the default, WithVerifyData) the BLAKE3
+// of the whole encoding must equal the file's trailer, proved once per
+// file version on the node (by its writer or first reader), and the
+// trailer must be loc's checksum (so the bytes are checked against the
+// record's checksum, not only against the file's own claim). A mismatch,
+// or a size other than loc's, is payload.ErrCorrupt, never a value; a file
+// whose data disagrees with its own trailer is removed, so that the value
+// can be written again. A missing file is payload.ErrNotFound.
 func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
 	if err := loc.Validate(); err != nil {
 		return nil, err
@@ -525,8 +543,9 @@ func (s *Store) Delete(_ context.Context, loc payload.Location) error {
 		return err
 	}
 	path := s.path(obj)
-	info, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	var st unix.Stat_t
+	err = unix.Lstat(path, &st)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if err != nil {
@@ -538,14 +557,16 @@ func (s *Store) Delete(_ context.Context, loc payload.Location) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("shm: %w", err)
 	}
+	s.proofs.forget(obj, st.Ino)
 	s.mu.Lock()
-	s.used = max(0, s.used-info.Size())
+	s.used = max(0, s.used-st.Size)
 	s.mu.Unlock()
 	return nil
 }
 
-// Sweep removes the temp files of writers that died mid-write and
-// returns how many it removed: a file no process holds locked (a writer
+// Sweep removes the temp files of writers that died mid-write (and
+// returns how many) and the proofs of value files that are gone. A temp
+// file is removed when no process holds it locked (a writer
 // holds its own until it is in place; the kernel drops the lock of one
 // that died), older than tempGrace (a file just created is locked a moment
 // later). It was a file whose name's pid no longer ran, which in another
@@ -566,6 +587,7 @@ func (s *Store) Sweep() (int, error) {
 			n++
 		}
 	}
+	s.proofs.sweep()
 	return n, nil
 }
 

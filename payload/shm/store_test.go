@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -37,6 +38,15 @@ func helper(mode string) int {
 		fmt.Println("bad location:", err)
 		return 3
 	}
+	if mode == "flip" { // another process changes a byte of the file's data, as its owner can
+		obj, _ := loc.ObjectID()
+		path := filepath.Join(loc.Address, obj.Tenant, obj.Key.String())
+		if err := flipFileByte(path, loc.Size-1); err != nil { // the last byte of the data
+			fmt.Println(err)
+			return 3
+		}
+		return 0
+	}
 	s, err := Open(loc.Address, WithVerifyData(true))
 	if err != nil {
 		fmt.Println(err)
@@ -49,6 +59,9 @@ func helper(mode string) int {
 	}
 	defer v.Close()
 	switch mode {
+	case "hashes": // how many files this process hashed to serve the value
+		fmt.Println(s.hashes.Load())
+		return 0
 	case "read":
 		fmt.Printf("%x\n", v.Tensor.Data) // verified by the checksum above; printed for the parent to compare
 		return 0
@@ -191,22 +204,31 @@ func TestBudget(t *testing.T) {
 // writable for it), as a bit flip on tmpfs or another process would.
 func flipByte(t *testing.T, path string, off int64) {
 	t.Helper()
-	if err := os.Chmod(path, 0o644); err != nil {
+	if err := flipFileByte(path, off); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// flipFileByte changes the byte at off of a value file in place, as its
+// owner can: made writable, written, made read-only again.
+func flipFileByte(path string, off int64) error {
+	if err := os.Chmod(path, 0o644); err != nil {
+		return err
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer f.Close()
 	b := make([]byte, 1)
 	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	b[0] ^= 1
 	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
+		return err
 	}
+	return os.Chmod(path, 0o444)
 }
 
 // TestCorruption: what the trailer check alone catches (the checks every
@@ -290,7 +312,7 @@ func TestFlippedDataByteIsNotServed(t *testing.T) {
 
 	got, err := s.Get(ctx, loc)
 	if !errors.Is(err, payload.ErrCorrupt) || got != nil {
-		t.Fatalf("flipped data byte: %v, %v; want ErrCorrupt and no value", got, err)
+		t.Fatalf("flipped data byte: a value (%v), %v; want ErrCorrupt and no value", got != nil, err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) || s.Used() != 0 {
 		t.Fatalf("the corrupt file is still there (%v), %d bytes used", err, s.Used())
@@ -342,52 +364,70 @@ func TestConsistentRewriteIsNotServed(t *testing.T) {
 	}
 }
 
-// TestVerifiedOncePerMapping: Gets of a file share one mapping, hashed
-// when it is made; concurrent first Gets share that hash. The mapping
-// goes with its last value, and the next Get maps and hashes again; so
-// does a file changed since.
-func TestVerifiedOncePerMapping(t *testing.T) {
+// TestVerifiedOncePerNode: a file version is hashed once on the node.
+// Its writer proves it; without that proof its first reader hashes it and
+// proves it for the others; a process that hashed it does not hash it
+// again after its mapping went; concurrent first Gets share one hash. A
+// file changed since is hashed again, and refused.
+func TestVerifiedOncePerNode(t *testing.T) {
 	ctx := context.Background()
 	dir := testDir(t)
-	s, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
+	open := func() *Store { // another process's store (nothing is shared but the directory)
+		t.Helper()
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	writer, err := Open(dir) // another process's store: s did not write the file, so it hashes it
-	if err != nil {
-		t.Fatal(err)
-	}
+	writer := open()
 	v := testValue(50_000)
 	loc, err := writer.Put(ctx, obj(9), v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := s.Get(ctx, loc)
-	if err != nil {
-		t.Fatal(err)
+	get := func(s *Store) *payload.Value {
+		t.Helper()
+		got, err := s.Get(ctx, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
+			t.Fatal("value differs")
+		}
+		return got
 	}
-	second, err := s.Get(ctx, loc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := s.hashes.Load(); n != 1 {
-		t.Fatalf("read twice, hashed %d times", n)
-	}
-	if &first.Tensor.Data[0] != &second.Tensor.Data[0] || !bytes.Equal(second.Tensor.Data, v.Tensor.Data) {
+	reader := open()
+	first, second := get(reader), get(reader)
+	if &first.Tensor.Data[0] != &second.Tensor.Data[0] {
 		t.Fatal("the second read did not share the first one's mapping")
 	}
 	first.Close()
 	second.Close()
-	if len(s.maps) != 0 {
-		t.Fatalf("%d mappings left after the last value closed", len(s.maps))
+	get(writer).Close()
+	if n := reader.hashes.Load() + writer.hashes.Load(); n != 0 {
+		t.Fatalf("a file its writer proved was hashed %d times", n)
+	}
+	if len(reader.maps) != 0 {
+		t.Fatalf("%d mappings left after the last value closed", len(reader.maps))
 	}
 
-	// Concurrent first Gets: one hash, whoever makes the mapping.
+	// No node proof (a writer that could not leave one): the first
+	// reader hashes, and its proof serves the next.
+	if err := os.Remove(writer.proofs.path(obj(9))); err != nil {
+		t.Fatal(err)
+	}
+	first = get(reader) // reader proved nothing itself: it trusted the writer's proof, which is gone
+	if n := reader.hashes.Load(); n != 0 {
+		t.Fatalf("reader kept the writer's proof in memory, but hashed %d times", n)
+	}
+	first.Close()
+	third := open()
 	vals := make([]*payload.Value, 8)
 	var wg sync.WaitGroup
 	for i := range vals {
 		wg.Go(func() {
-			got, err := s.Get(ctx, loc)
+			got, err := third.Get(ctx, loc)
 			if err != nil {
 				t.Error(err)
 				return
@@ -396,70 +436,292 @@ func TestVerifiedOncePerMapping(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n := s.hashes.Load(); n != 2 {
-		t.Fatalf("8 concurrent reads after a release: %d hashes in all, want 2", n)
+	for _, got := range vals {
+		got.Close()
 	}
-	// The file changed in place (its mtime moves): a new mapping, hashed.
-	path := s.Path(obj(9))
+	if n := third.hashes.Load(); n != 1 {
+		t.Fatalf("8 concurrent first reads: %d hashes, want 1", n)
+	}
+	if err := os.Remove(third.proofs.path(obj(9))); err != nil {
+		t.Fatalf("the first reader left no proof: %v", err)
+	}
+	get(third).Close() // its mapping went: its own proof stands
+	if n := third.hashes.Load(); n != 1 {
+		t.Fatalf("a file this process verified was hashed again after its mapping went (%d hashes)", n)
+	}
+	fourth := open()
+	get(fourth).Close()
+	get(open()).Close()
+	if n := fourth.hashes.Load(); n != 1 {
+		t.Fatalf("%d hashes, want 1", n)
+	}
+
+	// Changed in place (its ctime moves, whatever its mtime says): hashed
+	// again, refused, removed.
+	held := get(third)
+	path := third.Path(obj(9))
 	flipByte(t, path, loc.Size-1)
 	old := time.Unix(1_000_000, 0)
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
+	if _, err := third.Get(ctx, loc); !errors.Is(err, payload.ErrCorrupt) {
 		t.Fatalf("changed while mapped: %v", err)
 	}
-	if n := s.hashes.Load(); n != 3 {
-		t.Fatalf("%d hashes, want 3", n)
+	if n := third.hashes.Load(); n != 2 {
+		t.Fatalf("%d hashes, want 2", n)
 	}
-	for _, got := range vals {
-		got.Close()
+	held.Close()
+	if len(third.maps) != 0 {
+		t.Fatalf("%d mappings left", len(third.maps))
 	}
-	if len(s.maps) != 0 {
-		t.Fatalf("%d mappings left", len(s.maps))
+	if _, err := os.Stat(third.proofs.path(obj(9))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the proof of a removed file stays: %v", err)
 	}
 }
 
-// TestReceivedFileIsNotHashedTwice: Receive hashed the bytes as it wrote
-// them; the Get right after maps the file without a second pass.
-func TestWrittenFileIsNotHashedTwice(t *testing.T) {
+// TestWrittenFileIsNotHashed: Put and Receive hash the bytes as they
+// write them; no Get hashes the file after, in this process or another.
+func TestWrittenFileIsNotHashed(t *testing.T) {
 	ctx := context.Background()
-	s, _ := Open(testDir(t))
+	dir := testDir(t)
+	s, _ := Open(dir)
 	v := testValue(100_000)
 	enc, _ := payload.Encode(v)
 	sum, _ := payload.Sum(v)
-	loc, err := s.Receive(ctx, obj(10), int64(len(enc)), sum, bytes.NewReader(enc))
+	received, err := s.Receive(ctx, obj(10), int64(len(enc)), sum, bytes.NewReader(enc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Get(ctx, loc)
+	put, err := s.Put(ctx, obj(11), testValue(100_000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got.Close()
-	if n := s.hashes.Load(); n != 0 {
-		t.Fatalf("a received file was hashed %d times at its first map", n)
+	other, _ := Open(dir)
+	for range 2 { // the second time each maps the file afresh
+		for _, loc := range []payload.Location{received, put} {
+			for _, st := range []*Store{s, other} {
+				got, err := st.Get(ctx, loc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got.Close()
+			}
+		}
 	}
-	got, err = s.Get(ctx, loc) // a new mapping: hashed
+	if n := s.hashes.Load() + other.hashes.Load(); n != 0 {
+		t.Fatalf("written files were hashed %d times", n)
+	}
+}
+
+// TestAFlippedByteAfterTheNodeVerifiedIsNeverServed: another process
+// changes a data byte of a file after the node proved it (its writer, a
+// reader in a third process): neither the process that served it before
+// nor a new one serves the changed bytes.
+func TestAFlippedByteAfterTheNodeVerifiedIsNeverServed(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	writer, _ := Open(dir)
+	reader, _ := Open(dir)
+	v := testValue(100_000)
+	for _, next := range []string{"served before", "new process"} {
+		loc, err := writer.Put(ctx, obj(12), v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := runHelper(t, "hashes", loc); err != nil || out != "0\n" {
+			t.Fatalf("another process's first hit: %v, hashed %q times, want 0", err, out)
+		}
+		got, err := reader.Get(ctx, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Close()
+		if out, err := runHelper(t, "flip", loc); err != nil {
+			t.Fatalf("flip: %v\n%s", err, out)
+		}
+		switch next {
+		case "served before":
+			got, err = reader.Get(ctx, loc)
+		case "new process":
+			var out string
+			out, err = runHelper(t, "read", loc)
+			if err == nil {
+				t.Fatalf("a new process served the flipped file: %.40s...", out)
+			}
+			if !strings.Contains(out, payload.ErrCorrupt.Error()) {
+				t.Fatalf("a new process: %v\n%s", err, out)
+			}
+			continue
+		}
+		if !errors.Is(err, payload.ErrCorrupt) || got != nil {
+			t.Fatalf("%s: a value (%v), %v; want ErrCorrupt and no value", next, got != nil, err)
+		}
+	}
+}
+
+// TestProofsTrustedOnlyFromThisUser: a node proof another user owns, or
+// one of a file another user owns, proves nothing to this process: it
+// hashes the file itself.
+func TestProofsTrustedOnlyFromThisUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to give a file to another user")
+	}
+	ctx := context.Background()
+	dir := testDir(t)
+	writer, _ := Open(dir)
+	hashesOf := func(loc payload.Location) int64 {
+		t.Helper()
+		s, _ := Open(dir)
+		got, err := s.Get(ctx, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Close()
+		return s.hashes.Load()
+	}
+
+	loc, err := writer.Put(ctx, obj(13), testValue(10_000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got.Close()
-	if n := s.hashes.Load(); n != 1 {
-		t.Fatalf("%d hashes, want 1", n)
+	if err := os.Chown(writer.proofs.path(obj(13)), 4242, 4242); err != nil {
+		t.Fatal(err)
 	}
-	// Nor is a file Put wrote (hashed as it wrote it).
-	loc, err = s.Put(ctx, obj(11), testValue(100_000))
+	if n := hashesOf(loc); n != 1 {
+		t.Fatalf("a proof of another user: %d hashes, want 1", n)
+	}
+
+	loc, err = writer.Put(ctx, obj(17), testValue(10_000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err = s.Get(ctx, loc); err != nil {
+	path := writer.Path(obj(17))
+	if err := os.Chown(path, 4242, 4242); err != nil {
 		t.Fatal(err)
 	}
-	got.Close()
-	if n := s.hashes.Load(); n != 1 {
-		t.Fatalf("a file Put wrote was hashed at its first map (%d hashes, want 1)", n)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
 	}
+	// This user's proof of the file as it is now, as a process of this
+	// user that hashed it would leave (were it to leave one).
+	writer.proofs.write(obj(17), proof{id: idOf(&st), sum: loc.Checksum, at: unix.Timespec{Sec: 1 << 40}})
+	if n := hashesOf(loc); n != 1 {
+		t.Fatalf("a file of another user: %d hashes, want 1", n)
+	}
+}
+
+// TestProofsThatAreNotProofs: a node proof that is junk, a link, or of
+// another version of the file proves nothing.
+func TestProofsThatAreNotProofs(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	writer, _ := Open(dir)
+	loc, err := writer.Put(ctx, obj(14), testValue(10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proofPath := writer.proofs.path(obj(14))
+	good, err := os.ReadFile(proofPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := bytes.Clone(good)
+	stale[len(proofMagic)+8]++ // another inode
+	otherSum := bytes.Clone(good)
+	otherSum[len(otherSum)-1] ^= 1
+	for name, put := range map[string]func() error{
+		"other sum": func() error { return os.WriteFile(proofPath, otherSum, 0o644) },
+		"junk":      func() error { return os.WriteFile(proofPath, []byte("not a proof"), 0o644) },
+		"short":     func() error { return os.WriteFile(proofPath, good[:len(good)-1], 0o644) },
+		"stale":     func() error { return os.WriteFile(proofPath, stale, 0o644) },
+		"link": func() error {
+			target := filepath.Join(t.TempDir(), "proof")
+			if err := os.WriteFile(target, good, 0o644); err != nil {
+				return err
+			}
+			return os.Symlink(target, proofPath)
+		},
+	} {
+		os.Remove(proofPath)
+		if err := put(); err != nil {
+			t.Fatal(err)
+		}
+		s, _ := Open(dir)
+		got, err := s.Get(ctx, loc)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got.Close()
+		if n := s.hashes.Load(); n != 1 {
+			t.Fatalf("%s proof: %d hashes, want 1", name, n)
+		}
+	}
+}
+
+// TestProofHoldsOnlyAfterATick: on a kernel that stamps file times by
+// clock tick, a proof taken in the tick of the file's last change does not
+// hold (a change later in that tick would keep the ctime).
+func TestProofHoldsOnlyAfterATick(t *testing.T) {
+	id := fileID{ino: 7, ctime: unix.Timespec{Sec: 100, Nsec: 4_000_000}}
+	for _, c := range []struct {
+		at         unix.Timespec
+		fine, want bool
+	}{
+		{id.ctime, false, false},
+		{unix.Timespec{Sec: 100}, false, false},
+		{unix.Timespec{Sec: 100, Nsec: 8_000_000}, false, true},
+		{unix.Timespec{Sec: 101}, false, true},
+		{id.ctime, true, true},
+	} {
+		if got := (proof{id: id, at: c.at}).holds(id, c.fine); got != c.want {
+			t.Errorf("at %v, fine %v: holds %v, want %v", c.at, c.fine, got, c.want)
+		}
+	}
+	other := id
+	other.ctime.Nsec++
+	if (proof{id: id, at: unix.Timespec{Sec: 200}}).holds(other, true) {
+		t.Error("a proof holds for another version of the file")
+	}
+}
+
+// TestProofsGoWithTheirFiles: Delete and Sweep remove proofs of files that
+// are gone; Files and Used do not count them.
+func TestProofsGoWithTheirFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := testDir(t)
+	s, _ := Open(dir)
+	locA, _ := s.Put(ctx, obj(15), testValue(1000))
+	locB, err := s.Put(ctx, obj(16), testValue(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := s.Used()
+	if again, _ := Open(dir); again.Used() != used {
+		t.Fatalf("a new store accounts %d bytes, the writer %d", again.Used(), used)
+	}
+	n := 0
+	for range s.Files() {
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("Files lists %d, want 2", n)
+	}
+	if err := s.Delete(ctx, locA); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.proofs.path(obj(15))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Delete left the proof: %v", err)
+	}
+	os.Remove(s.Path(obj(16)))
+	if _, err := s.Sweep(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.proofs.path(obj(16))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Sweep left the proof of a file that is gone: %v", err)
+	}
+	_ = locB
 }
 
 func TestDeleteWhileMapped(t *testing.T) {

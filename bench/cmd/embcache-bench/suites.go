@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -223,6 +226,11 @@ func benchPayload(quick bool) ([]benchRow, error) {
 		}
 		rows = append(rows, benchRow{"payload", "shm get " + name, float64(ours.Microseconds()), float64(base.Microseconds()),
 			"us", float64(ours) / float64(base), "maps, does not copy; baseline: memcpy"})
+		hits, err := benchShmHits(ctx, store.Dir(), shmLoc, rounds)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, hits...)
 		tcpAddr, stop, err := workload.BareTCPServer(make([]byte, loc.Size))
 		if err != nil {
 			return nil, err
@@ -248,6 +256,78 @@ func benchPayload(quick bool) ([]benchRow, error) {
 		}
 		rows = append(rows, benchRow{"payload", "httppull get " + name, gbps(size, ours), gbps(size, base), "GB/s",
 			float64(ours) / float64(base), "checksum verified; baseline: bare loopback TCP"})
+	}
+	return rows, nil
+}
+
+// benchShmHits: a same-node hit of a value another process wrote, by a
+// store of its own (what another process of the node has: nothing but the
+// directory is shared), against a store that checks the trailer only,
+// alternated. "first hit" is a store's first Get of the file (it trusts
+// the writer's proof), "later hit" a Get after its mapping went, "node's
+// first verification" a first Get with no proof on the node (it hashes).
+func benchShmHits(ctx context.Context, dir string, loc payload.Location, rounds int) ([]benchRow, error) {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return nil, err
+	}
+	stores := func(opts ...shm.Option) ([]*shm.Store, error) {
+		ss := make([]*shm.Store, rounds)
+		for i := range ss {
+			if ss[i], err = shm.Open(dir, opts...); err != nil {
+				return nil, err
+			}
+		}
+		return ss, nil
+	}
+	get := func(s *shm.Store) error {
+		v, err := s.Get(ctx, loc)
+		if err != nil {
+			return err
+		}
+		_ = v.Tensor.Data[len(v.Tensor.Data)-1] // touch the mapping
+		return v.Close()
+	}
+	proof := filepath.Join(dir, ".proofs", obj.Tenant, obj.Key.String()) // docs/protocol.md 2.3
+	name := fmt.Sprintf("%d MiB", loc.Size>>20)
+	var rows []benchRow
+	for _, c := range []struct {
+		what  string
+		fresh bool // a new store each round
+		drop  bool // no proof on the node
+	}{{"first hit", true, false}, {"later hit", false, false}, {"node's first verification", true, true}} {
+		ours, err := stores()
+		if err != nil {
+			return nil, err
+		}
+		base, err := stores(shm.WithVerifyData(false))
+		if err != nil {
+			return nil, err
+		}
+		i, j := 0, 0
+		tOurs, tBase, err := alternate(rounds, func() error {
+			if c.drop {
+				if err := os.Remove(proof); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
+			s := ours[0]
+			if c.fresh {
+				s, i = ours[i], i+1
+			}
+			return get(s)
+		}, func() error {
+			s := base[0]
+			if c.fresh {
+				s, j = base[j], j+1
+			}
+			return get(s)
+		})
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, benchRow{"payload", "shm " + c.what + " " + name, float64(tOurs.Microseconds()), float64(tBase.Microseconds()),
+			"us", float64(tOurs) / float64(tBase), "another process's store; baseline: trailer-only map"})
 	}
 	return rows, nil
 }
