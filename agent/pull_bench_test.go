@@ -131,7 +131,7 @@ func benchRemoteHit(b *testing.B, size int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rec, err := lease.DecodeRecord(e.Value())
+		rec, err := lease.DecodeRecord(ref.KVKey(), e.Value())
 		if err != nil || rec.State != lease.StateCommitted || rec.Location.Address != a.payload {
 			b.Fatalf("record %+v %v", rec, err)
 		}

@@ -562,13 +562,14 @@ func (c *Cache) purgeStale(ctx context.Context, b *lease.Bucket, key string, cur
 	return err == nil || errors.Is(err, ErrLeaseLost)
 }
 
-// purgeUnreadable removes a record that does not decode once it is older
-// than a lease TTL and its own TTL (by the server's time stamp), so that
-// its key is shared again; a younger one may be a newer version's record
-// mid-upgrade, and is left alone meanwhile. Reports whether the key should
-// be read again.
+// purgeUnreadable removes a record that does not decode under its key (a
+// tombstone at a value's key included) once it is older than a lease TTL
+// and its own TTL by the server's time stamp (lease.Entry.Outlived), so
+// that its key is shared again; a younger one may be a newer version's
+// record mid-upgrade, and is left alone meanwhile. Reports whether the key
+// should be read again.
 func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string, cur lease.Entry, cause error) bool {
-	if cur.Rev == 0 || cur.Stamp.IsZero() || c.s.clock.Now().Sub(cur.Stamp) <= max(c.s.leaseTTL, cur.TTL) {
+	if !cur.Outlived(c.s.clock.Now(), c.s.leaseTTL) {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)

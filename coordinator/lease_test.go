@@ -281,6 +281,39 @@ func TestUnreadableRecordIsPurged(t *testing.T) {
 	}
 }
 
+// A tombstone at a value's key, a state such a key does not hold, is a
+// bad record like one that does not decode: counted and computed around
+// while young, purged once older than a lease TTL. (It was taken for a
+// compute elsewhere: every GetOrCompute of the key waited until its own
+// deadline, for as long as the record lived.)
+func TestATombstoneAtAValuesKeyIsABadRecord(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	fresh := newCache(t, srv.ClientURL(), store)
+	putRecord(t, fresh, ref(9).KVKey(), []byte(`{"v":1,"state":"invalidated","owner":"cli/1/x",`+
+		`"started":"2020-01-01T00:00:00Z","heartbeat":"2020-01-01T00:00:00Z","model":"m","epoch":1}`))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var cnt counter
+	if _, path, err := fresh.GetOrComputePath(ctx, "f", ref(9), cnt.fn(9)); err != nil || path != PathDegraded {
+		t.Fatalf("young tombstone at a value's key: %v %v, want degraded", path, err)
+	}
+	if s := fresh.Stats(); s.BadRecords != 1 || s.BadRecordsPurged != 0 {
+		t.Fatalf("young: bad %d purged %d", s.BadRecords, s.BadRecordsPurged)
+	}
+	later := newCache(t, srv.ClientURL(), store, WithClock(offsetClock(2*time.Second)))
+	if _, path, err := later.GetOrComputePath(ctx, "l", ref(9), cnt.fn(9)); err != nil || path != PathComputed {
+		t.Fatalf("old tombstone at a value's key: %v %v, want computed", path, err)
+	}
+	if s := later.Stats(); s.BadRecordsPurged != 1 || s.BadRecords != 1 {
+		t.Fatalf("old: purged %d bad %d", s.BadRecordsPurged, s.BadRecords)
+	}
+	other := newCache(t, srv.ClientURL(), store)
+	if _, path, err := other.GetOrComputePath(ctx, "o", ref(9), cnt.fn(9)); err != nil || path != PathRemoteHit {
+		t.Fatalf("shared again: %v %v", path, err)
+	}
+}
+
 // putRecord writes b under key as a foreign process would: no TTL.
 func putRecord(t *testing.T, c *Cache, key string, b []byte) {
 	t.Helper()

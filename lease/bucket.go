@@ -339,14 +339,24 @@ func PurgeCause(body []byte) events.Cause {
 }
 
 // Entry is what a read found: no live record (Rev may still be a
-// marker's), or a Record at Rev. A record that does not decode comes back
-// with an error wrapping ErrBadRecord and its revision.
+// marker's), or a Record at Rev. A record that does not decode under its
+// key (DecodeRecord) comes back with an error wrapping ErrBadRecord, and
+// its revision, time stamp and TTL.
 type Entry struct {
 	Rev    uint64
 	Live   bool
 	Record Record
 	Stamp  time.Time     // when the server stored the message (zero if unknown)
 	TTL    time.Duration // the message's own TTL (Nats-TTL); 0 if it has none
+}
+
+// Outlived reports whether e's message, by the server's time stamp, is
+// older at now than both leaseTTL and its own TTL: a record that does not
+// decode is purged then (docs/protocol.md 3, rule 6). A younger one may be
+// a newer version's record in a rolling upgrade, and its own TTL is the
+// writer's word on how long it lives.
+func (e Entry) Outlived(now time.Time, leaseTTL time.Duration) bool {
+	return e.Rev != 0 && !e.Stamp.IsZero() && now.Sub(e.Stamp) > max(leaseTTL, e.TTL)
 }
 
 // Read returns the key's current state from the stream leader. kv.Get may
@@ -398,7 +408,7 @@ func (b *Bucket) readIn(ctx context.Context, shard int, key string) (Entry, erro
 		}
 		c.TTL = parseTTL(h.Get(jetstream.MsgTTLHeader))
 	}
-	rec, err := DecodeRecord(body.Message.Data)
+	rec, err := DecodeRecord(key, body.Message.Data)
 	if err != nil {
 		return c, err
 	}
@@ -420,14 +430,15 @@ func (b *Bucket) readDirect(ctx context.Context, shard int, key string) (Entry, 
 		}
 		return Entry{}, fmt.Errorf("lease: direct get %s: status %s %s", key, status, resp.Header.Get("Description"))
 	}
-	return entryOf(resp, "direct get "+key)
+	return entryOf(resp, key, "direct get "+key)
 }
 
 // entryOf is the Entry a message with the stream's headers carries (a
 // direct get's answer, a republished message): Nats-Sequence,
 // Nats-Time-Stamp, Nats-TTL, and a KV operation or marker if the key was
-// deleted, purged or expired. what names the message in errors.
-func entryOf(m *nats.Msg, what string) (Entry, error) {
+// deleted, purged or expired. key is the message's key; what names the
+// message in errors.
+func entryOf(m *nats.Msg, key, what string) (Entry, error) {
 	seq, err := strconv.ParseUint(serverHeader(m, jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return Entry{}, fmt.Errorf("lease: %s: bad sequence: %w", what, err)
@@ -437,7 +448,7 @@ func entryOf(m *nats.Msg, what string) (Entry, error) {
 	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
 		return c, nil
 	}
-	rec, err := DecodeRecord(m.Data)
+	rec, err := DecodeRecord(key, m.Data)
 	if err != nil {
 		return c, err
 	}

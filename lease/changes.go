@@ -53,7 +53,7 @@ func (b *Bucket) Changes(key string) (<-chan Change, func(), error) {
 		if m.Header.Get("Nats-Msg-Size") != "" {
 			return // republished without its body (HeadersOnly): the polls read it
 		}
-		e, err := entryOf(m, "republished "+key)
+		e, err := entryOf(m, key, "republished "+key)
 		if err != nil && !errors.Is(err, ErrBadRecord) {
 			return // not the stream's republish (no sequence)
 		}

@@ -87,10 +87,27 @@ type Record struct {
 	Expires  time.Time         `json:"expires,omitzero"`
 }
 
-// DecodeRecord parses and checks a record. Anything that is not a record
-// this version understands is ErrBadRecord: wrong JSON, an unknown version
-// or state, a committed record without a valid location.
-func DecodeRecord(b []byte) (Record, error) {
+// DecodeRecord parses and checks the record stored under key. Anything
+// that is not a record this version understands there is ErrBadRecord:
+// wrong JSON, an unknown version or state, a committed record without a
+// valid location, or a state its key does not hold. A tombstone's key
+// (IsTombstoneKey) holds invalidated records alone, and every other key
+// (a value's, the election's) computing and committed ones: a tombstone at
+// a value's key is neither a value nor a compute to wait for, and a record
+// at a tombstone's key that is not one says nothing of the invalidation.
+func DecodeRecord(key string, b []byte) (Record, error) {
+	r, err := decodeRecord(b)
+	if err != nil {
+		return Record{}, err
+	}
+	if (r.State == StateInvalidated) != IsTombstoneKey(key) {
+		return Record{}, badRecord(events.BadInvalid, "state %v under the key %s", r.State, key)
+	}
+	return r, nil
+}
+
+// decodeRecord is DecodeRecord wherever the record is stored.
+func decodeRecord(b []byte) (Record, error) {
 	var r Record
 	if err := json.Unmarshal(b, &r); err != nil {
 		// Why, for the metrics: only now, off the path of good records.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -19,7 +20,7 @@ func validCommitted() Record {
 
 func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 	good := validCommitted()
-	if _, err := DecodeRecord(good.mustEncode()); err != nil {
+	if _, err := DecodeRecord(kvKey(1), good.mustEncode()); err != nil {
 		t.Fatalf("a valid record: %v", err)
 	}
 	edit := func(f func(m map[string]any)) []byte {
@@ -49,24 +50,62 @@ func TestDecodeRecordRefusesBadRecords(t *testing.T) {
 		"bad transport": edit(func(m map[string]any) { m["location"].(map[string]any)["transport"] = "ftp" }),
 		"wrong types":   edit(func(m map[string]any) { m["size"] = "big" }),
 	} {
-		if _, err := DecodeRecord(b); !errors.Is(err, ErrBadRecord) {
+		if _, err := DecodeRecord(kvKey(1), b); !errors.Is(err, ErrBadRecord) {
 			t.Errorf("%s: %v, want ErrBadRecord", name, err)
 		}
 	}
 }
 
-// FuzzDecodeRecord: any bytes decode to a record that satisfies the
-// protocol's rules or fail with ErrBadRecord; never a panic.
+// A record decodes only under a key of its kind: a tombstone's key holds
+// invalidated records alone, every other key computing and committed
+// ones. Anything else is a bad record (invalid), as one that does not
+// parse: a tombstone at a value's key was waited on as a compute until
+// its TTL.
+func TestDecodeRecordByItsKey(t *testing.T) {
+	committed := validCommitted()
+	computing := committed
+	computing.State, computing.Location, computing.Size, computing.Checksum = StateComputing, nil, 0, ""
+	now := time.Unix(1_800_000_000, 0).UTC()
+	tomb := Record{V: RecordVersion, State: StateInvalidated, Owner: "cli", Started: now, Heartbeat: now, Model: "m", Epoch: 1}
+	tombKey := TombstoneKey("acme", "m", 1)
+	for _, c := range []struct {
+		key string
+		rec Record
+		ok  bool
+	}{
+		{kvKey(1), computing, true},
+		{kvKey(1), committed, true},
+		{kvKey(1), tomb, false},
+		{tombKey, tomb, true},
+		{tombKey, computing, false},
+		{tombKey, committed, false},
+		{"_reconciler", computing, true},
+		{"_reconciler", tomb, false},
+	} {
+		r, err := DecodeRecord(c.key, c.rec.mustEncode())
+		switch {
+		case c.ok && (err != nil || r.State != c.rec.State):
+			t.Errorf("%v under %s: %v", c.rec.State, c.key, err)
+		case !c.ok && (!errors.Is(err, ErrBadRecord) || BadReason(err) != events.BadInvalid):
+			t.Errorf("%v under %s: %v, want ErrBadRecord (invalid)", c.rec.State, c.key, err)
+		}
+	}
+}
+
+// FuzzDecodeRecord: any bytes under any key decode to a record that
+// satisfies the protocol's rules there or fail with ErrBadRecord; never a
+// panic.
 func FuzzDecodeRecord(f *testing.F) {
 	good := validCommitted()
-	f.Add(good.mustEncode())
+	f.Add(kvKey(1), good.mustEncode())
 	computing := good
 	computing.State, computing.Location = StateComputing, nil
-	f.Add(computing.mustEncode())
-	f.Add([]byte(`{"v":1,"state":"committed","owner":"x","location":{"transport":"shm","object":"a/b","size":64}}`))
-	f.Add([]byte(`{}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := DecodeRecord(b)
+	f.Add(kvKey(1), computing.mustEncode())
+	f.Add(kvKey(1), []byte(`{"v":1,"state":"committed","owner":"x","location":{"transport":"shm","object":"a/b","size":64}}`))
+	f.Add("acme.inv.00", []byte(`{"v":1,"state":"invalidated","owner":"x","model":"m"}`))
+	f.Add("", []byte(`{}`))
+	f.Fuzz(func(t *testing.T, key string, b []byte) {
+		r, err := DecodeRecord(key, b)
 		if err != nil {
 			if !errors.Is(err, ErrBadRecord) {
 				t.Fatalf("%v is not ErrBadRecord", err)
@@ -75,6 +114,9 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		if r.State == StateCommitted && (r.Location == nil || r.Location.Validate() != nil) {
 			t.Fatal("a committed record without a valid location decoded")
+		}
+		if (r.State == StateInvalidated) != IsTombstoneKey(key) {
+			t.Fatalf("a %v record decoded under %q", r.State, key)
 		}
 	})
 }

@@ -61,10 +61,12 @@ const (
 	actionSweep                         // a pass over the values the events know, done (after a gap in the markers)
 	actionMoveLeader                    // a lease shard's leader asked to move to a server that leads fewer
 	actionForeignLocation               // an eviction not announced: the record named another key's payload
+	actionPurgeBad                      // a bad record at a value's key, older than a lease TTL, purged
 	numActions
 )
 
-var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader", "foreign_location"}
+var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader", "foreign_location",
+	"purge_bad"}
 
 // String returns the action's name as the metrics label it.
 func (a action) String() string {
@@ -94,6 +96,10 @@ type Stats struct {
 	// deleted, because the record named another key's payload (a bug or a
 	// forged write).
 	ForeignLocations uint64
+	// BadRecordsPurged counts records at values' keys that did not decode
+	// (or held a state such a key does not hold), purged once older than a
+	// lease TTL.
+	BadRecordsPurged uint64
 	Active           bool
 }
 
@@ -130,7 +136,7 @@ func (r *Reconciler) Stats() Stats {
 	return Stats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
 		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
 		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), LeaderMoves: n(actionMoveLeader),
-		ForeignLocations: n(actionForeignLocation), Active: r.stats.active.Load()}
+		ForeignLocations: n(actionForeignLocation), BadRecordsPurged: n(actionPurgeBad), Active: r.stats.active.Load()}
 }
 
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
@@ -288,6 +294,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 		func(ctx context.Context) bool { return r.sweep(ctx, x) })
 	marks.floor = from.handled
 	beside.Go(func() { marks.run(ctx) })
+	beside.Go(func() { r.purgeBadRecords(ctx, x) })
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
 	defer spread.Stop()
@@ -310,8 +317,9 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 					marks.owe() // a sweep finds the value: its record is gone
 				}
 			default:
-				if _, err := lease.DecodeRecord(m.Data()); err != nil {
+				if _, err := lease.DecodeRecord(key, m.Data()); err != nil {
 					r.tel.RecordBad(err, telemetry.OpWatch)
+					x.bad.add(key) // purged once old, if nobody writes the key again
 				}
 			}
 			if ctx.Err() == nil {
@@ -500,6 +508,7 @@ type expirer struct {
 	// markers may both come upon one value, and the second must see the
 	// first's evicted event.
 	keys [64]sync.Mutex
+	bad  badRecords // met by the loop or a sweep, to purge once old
 }
 
 // expire removes what is left of a value whose record is gone and
@@ -642,7 +651,8 @@ func (r *Reconciler) sweep(ctx context.Context, x *expirer) (done bool) {
 				switch {
 				case errors.Is(err, lease.ErrBadRecord):
 					// It exists: its value is not gone (counted as bad by
-					// read), and not this sweep's.
+					// read). Purged once old, beside the sweeps.
+					x.bad.add(key)
 				case err != nil:
 					unfinished.Add(1)
 				case cur.Live && cur.Record.State == lease.StateCommitted:

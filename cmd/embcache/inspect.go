@@ -180,7 +180,7 @@ func newLeasesGet(cf *connFlags) *cobra.Command {
 			if args[0] == reconciler.ProgressKey {
 				return nil
 			}
-			if _, err := lease.DecodeRecord(value); err != nil {
+			if _, err := lease.DecodeRecord(args[0], value); err != nil {
 				// Printed as it is (what an operator needs to see), and an
 				// error: the processes cannot read it either.
 				return fmt.Errorf("%s (revision %d) does not decode: %w", args[0], rev, err)

@@ -468,7 +468,7 @@ func TestNatsCLIInspection(t *testing.T) {
 	}
 	for ref, state := range map[coordinator.Ref]lease.State{committed: lease.StateCommitted, computing: lease.StateComputing} {
 		raw := nats("kv", "get", lease.DefaultBucket, ref.KVKey(), "--raw")
-		rec, err := lease.DecodeRecord([]byte(strings.TrimSpace(raw)))
+		rec, err := lease.DecodeRecord(ref.KVKey(), []byte(strings.TrimSpace(raw)))
 		if err != nil || rec.State != state {
 			t.Fatalf("nats kv get %s: %v\n%s", ref.KVKey(), err, raw)
 		}
