@@ -79,10 +79,18 @@ type Cache struct {
 	b      *lease.Bucket             // nil until the bucket is reachable; guarded by mu
 	leases map[*lease.Lease]struct{} // live leases; guarded by mu
 	events *eventLink                // nil unless WithEvents and the stream is reachable; guarded by mu
-	closed bool                      // guarded by mu
+	closed atomic.Bool               // Close has begun; set under mu
 
-	done chan struct{} // closed by Close
-	bg   sync.WaitGroup
+	// The requests in flight, which Close cancels and waits for
+	// (inflight.go).
+	life     context.Context         // ends when Close begins, with the cause ErrClosed
+	endLife  context.CancelCauseFunc // called by Close
+	reqs     atomic.Int64            // requests in flight (and, for a moment, one refused)
+	computes int                     // requests in flight running their caller's compute; guarded by mu
+	gaveUp   bool                    // Close has stopped waiting for the computes left; guarded by mu
+	settled  chan struct{}           // 1-buffered: a request ended or left its compute after Close began
+
+	bg sync.WaitGroup
 }
 
 // New returns a Cache over the NATS connection nc (which the caller keeps
@@ -114,7 +122,8 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.payloadSweep > 0 && s.router.NodeStore() == nil {
 		return nil, fmt.Errorf("%w: WithPayloadSweep needs a node store (payload.WithNodeStore)", ErrInvalidOption)
 	}
-	c := &Cache{s: s, leases: make(map[*lease.Lease]struct{}), done: make(chan struct{})}
+	c := &Cache{s: s, leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1)}
+	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
 	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
@@ -195,7 +204,7 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	if c.closed {
+	if c.closed.Load() {
 		// Close has closed (or found no) bucket: this one, never used, is
 		// closed here, as every bucket of the Cache's is.
 		c.mu.Unlock()
@@ -228,7 +237,7 @@ func (c *Cache) retry(fn func() error) {
 	defer t.Stop()
 	for {
 		select {
-		case <-c.done:
+		case <-c.life.Done():
 			return
 		case <-t.C:
 		}
@@ -278,6 +287,9 @@ func (c *Cache) GetOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // A caller whose ctx ends returns ctx.Err() while the work goes on for
 // others; past the compute timeout, waiters get ErrComputeTimeout.
 // fn's error reaches every waiter and the key is released for a retry.
+// Close cancels the request, the work for others included (a compute's
+// ctx ends, its key is abandoned): the caller gets an error wrapping
+// ErrClosed, as does a call after Close has begun.
 func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	start := time.Now()
 	ctx, span := c.tel.tracer.Start(ctx, "embcache.GetOrCompute", trace.WithAttributes(
@@ -303,6 +315,10 @@ func (c *Cache) localHit(req string, ref Ref) (*payload.Value, bool, error) {
 }
 
 func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
+	if err := c.enter(); err != nil {
+		return nil, 0, err
+	}
+	defer c.exit()
 	v, ok, err := c.localHit(req, ref)
 	if err != nil {
 		return nil, 0, err
@@ -310,16 +326,28 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 	if ok {
 		return v, PathLocalHit, nil
 	}
+	ctx, cancel := c.bind(ctx)
+	defer cancel()
 	obj := ref.Object()
 	var path atomic.Uint32
 	path.Store(uint32(PathCoalesced))
 	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+		// The flight runs on a goroutine of its own, for every caller
+		// that joins it: a request of its own, which Close ends too.
+		if err := c.enter(); err != nil {
+			return nil, err
+		}
+		defer c.exit()
+		cctx, cancel := c.bind(cctx)
+		defer cancel()
 		v, p, err := c.resolve(cctx, ref, fn)
 		path.Store(uint32(p))
-		return v, err
+		// Its callers may hear of it before their own ctx ends (each
+		// ends on a goroutine of its own): it says why.
+		return v, closedErr(cctx, err)
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, closedErr(ctx, err)
 	}
 	return v, Path(path.Load()), nil
 }
@@ -389,6 +417,11 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 		case cur.Record.State == lease.StateCommitted:
 			w.stop()
 			v, err := c.pull(ctx, b, ref, cur)
+			if err != nil && ctx.Err() != nil {
+				// The request ended (Close, the compute timeout): a pull
+				// cut short says nothing of the payload, which stays.
+				return nil, PathRemoteHit, context.Cause(ctx)
+			}
 			if errors.Is(err, errInvalidated) {
 				continue // purged: compute it again
 			}
@@ -586,31 +619,45 @@ func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string
 // fn abandons the key; a failed commit still returns the (correct) value.
 // end, if set, is the compute's registration with the event link
 // (startCompute), ended here.
+//
+// A compute that Close cancels fails as any other (its key is abandoned);
+// one still running when Close stops waiting for it (compute) does
+// nothing more with the store when it returns: no commit, no abandon
+// (its lease, no longer renewed, expires).
 func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc, end func() bool) (v *payload.Value, _ Path, err error) {
 	if end != nil {
 		defer end()
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			r.Abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", p))
+			if !c.givenUp() {
+				r.abandon(context.WithoutCancel(ctx), fmt.Errorf("panic: %v", p))
+			}
 			panic(p) // the local cache turns it into an error for every waiter
 		}
 	}()
 	computeStart := time.Now()
-	v, err = fn(ctx)
+	v, err = c.compute(ctx, fn)
 	c.obs.computed(ctx, time.Since(computeStart), err)
+	if errors.Is(err, errGivenUp) {
+		return nil, PathComputed, err
+	}
 	if err != nil {
-		if aerr := r.Abandon(context.WithoutCancel(ctx), err); aerr != nil {
+		if aerr := r.abandon(context.WithoutCancel(ctx), err); aerr != nil {
 			c.s.logger.Warn("embcache: abandon failed; the lease will expire", "key", r.l.Key(), "err", aerr)
 		}
 		c.obs.abandoned(r.ref, err)
 		return nil, PathComputed, err
 	}
-	loc, err := r.Commit(context.WithoutCancel(ctx), v)
+	// Not cut short by the compute timeout (the value is there), but by
+	// Close: a commit cancelled then is abandoned below.
+	cctx, cancel := c.bind(context.WithoutCancel(ctx))
+	loc, err := r.commit(cctx, v)
+	cancel()
 	if err != nil {
 		c.s.logger.Warn("embcache: value computed but not committed", "key", r.l.Key(), "err", err)
 		if !errors.Is(err, ErrLeaseLost) {
-			r.Abandon(context.WithoutCancel(ctx), err)
+			r.abandon(context.WithoutCancel(ctx), err)
 		}
 		c.obs.unshared(r.ref, v)
 		if end != nil && end() {
@@ -650,7 +697,17 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 
 // degraded computes without the store: counted in ModeDegrade, an error
 // in ModeStrict.
+//
+// A request whose ctx has ended (Close, the compute timeout) computes
+// nothing: the store call that failed failed with it, and says nothing of
+// the store.
 func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause error) (*payload.Value, Path, error) {
+	if ctx.Err() != nil {
+		return nil, PathDegraded, context.Cause(ctx)
+	}
+	if errors.Is(cause, ErrClosed) {
+		return nil, PathDegraded, cause
+	}
 	if c.s.mode == ModeStrict {
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
@@ -662,7 +719,7 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	}
 	c.obs.degraded()
 	computeStart := time.Now()
-	v, err := fn(ctx)
+	v, err := c.compute(ctx, fn)
 	c.obs.computed(ctx, time.Since(computeStart), err)
 	if err != nil {
 		return nil, PathDegraded, err
@@ -689,9 +746,14 @@ func (c *Cache) reserveToCompute(ctx context.Context, b *lease.Bucket, ref Ref) 
 // Commits or Abandons. ErrHeld means another process holds or has
 // committed the key; ErrStoreUnavailable that the store cannot be reached;
 // ErrLeaseLost that the reservation was acknowledged too late to trust
-// (try again); ErrClosed that the Cache was closed meanwhile (the key was
-// given back); ErrTenant that this Cache does not serve ref's tenant.
+// (try again); ErrClosed (wrapped) that the Cache was closed before or
+// meanwhile (the key was given back, or never taken); ErrTenant that this
+// Cache does not serve ref's tenant.
 func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.exit()
 	if err := c.validate(ref); err != nil {
 		return nil, err
 	}
@@ -699,7 +761,10 @@ func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
 	if b == nil {
 		return nil, ErrStoreUnavailable
 	}
-	return c.reserve(ctx, b, ref)
+	ctx, cancel := c.bind(ctx)
+	defer cancel()
+	r, err := c.reserve(ctx, b, ref)
+	return r, closedErr(ctx, err)
 }
 
 func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reservation, error) {
@@ -718,7 +783,7 @@ func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reserva
 		return nil, err
 	}
 	c.mu.Lock()
-	closed := c.closed
+	closed := c.closed.Load()
 	select {
 	case <-l.Done(): // already lost: its Ended hook may have run
 	default:
@@ -761,24 +826,51 @@ func (c *Cache) Release(req string) int { return c.local.Release(req) }
 // Requests that hold the copy keep it until they release it.
 func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.Object()) }
 
-// Close stops the event link, the background reconnects, the heartbeats
-// of leases still held (they expire on the server) and the tombstone reads
+// Close ends the Cache. It cancels the requests in flight
+// (GetOrCompute, Get, Reserve, a Reservation's Commit and Abandon,
+// Invalidate, Ping): their waits, pulls, reservations and commits stop, a
+// caller's compute sees its ctx end, and a key it held is abandoned as
+// after a failed compute, so other processes take it at once. Their
+// callers get an error wrapping ErrClosed (but for a request that had its
+// answer already), and so does every call made after Close has begun, at
+// once.
+//
+// Close returns once those requests have returned, waiting at most a
+// lease TTL (WithLeaseTTL) for the computes among them: the bound is the
+// Cache's own, as etcd's Session.Close is bounded by its TTL, because a
+// compute that ignores its ctx must not hold Close up for ever, and
+// waiting longer buys other processes nothing (a lease Close stops
+// renewing is theirs a TTL later). Such a compute is left running; when
+// it returns, its value is dropped and its request does nothing more with
+// the store (no commit, no abandon: its key expires with its lease). A
+// request that is not computing (a read, a pull, an abandon, each ended
+// by its ctx or its op timeout) is always waited for, so nothing is
+// written to or read from the bucket for a request after Close has
+// returned.
+//
+// Then it stops the event link, the background reconnects, the heartbeats
+// of leases still held (a Reservation not committed nor abandoned, a
+// compute given up: they expire on the server) and the tombstone reads
 // the bucket shares between requests (lease.Bucket.Close): none of the
-// Cache's goroutines is left. The connection stays open.
+// Cache's goroutines is left but those of computes still running. The
+// connection stays open. Calls after the first return nil at once.
 func (c *Cache) Close() error {
 	c.mu.Lock()
-	if c.closed {
+	if c.closed.Load() {
 		c.mu.Unlock()
 		return nil
 	}
-	c.closed = true
-	close(c.done)
+	c.closed.Store(true)
+	c.mu.Unlock()
+	c.endLife(ErrClosed)
+	c.awaitRequests(c.s.leaseTTL)
+	c.bg.Wait()
+	c.mu.Lock()
 	leases := make([]*lease.Lease, 0, len(c.leases))
 	for l := range c.leases {
 		leases = append(leases, l)
 	}
 	c.mu.Unlock()
-	c.bg.Wait()
 	for _, l := range leases {
 		l.Stop()
 	}
@@ -802,8 +894,13 @@ func (c *Cache) Close() error {
 // Invalidate declares every value of tenant computed by model at weight
 // epoch stale, as the package's Invalidate does, and drops this process's
 // copies at once (the others drop theirs when the invalidated event
-// reaches them). It needs the event stream (WithEvents).
+// reaches them). It needs the event stream (WithEvents). After Close has
+// begun, or cancelled by it, it is ErrClosed (wrapped).
 func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
 	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, tenant) {
 		return fmt.Errorf("%w: %q", ErrTenant, tenant)
 	}
@@ -812,11 +909,13 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint
 	if l == nil || b == nil {
 		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
 	}
-	octx, cancel := c.opContext(ctx)
+	ctx, cancel := c.bind(ctx)
 	defer cancel()
+	octx, ocancel := c.opContext(ctx)
+	defer ocancel()
 	e, err := invalidate(octx, b, l.pub, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
 	if err != nil {
-		return err
+		return closedErr(ctx, err)
 	}
 	l.apply(*e)
 	return nil

@@ -31,7 +31,9 @@ var (
 	// ErrTenant is returned for a key of a tenant the Cache does not serve
 	// (see WithTenants).
 	ErrTenant = errors.New("coordinator: tenant not served by this cache")
-	// ErrClosed is returned by calls on a closed Cache.
+	// ErrClosed is returned (wrapped) by calls made after Close has
+	// begun, and by calls in flight that Close cancelled: GetOrCompute,
+	// Get, Reserve, a Reservation's Commit and Abandon, Invalidate, Ping.
 	ErrClosed = errors.New("coordinator: cache closed")
 	// ErrComputeTimeout is returned to a caller whose compute, or whose
 	// wait for another process's compute, outlasted the compute timeout

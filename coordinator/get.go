@@ -17,8 +17,14 @@ import (
 // key that is computing elsewhere, or not cached, is ErrNotCached at once,
 // so a caller that only looks does not hold up the process that will
 // compute it. A committed value that cannot be pulled is ErrNotCached too
-// (counted and logged; GetOrCompute recomputes it).
+// (counted and logged; GetOrCompute recomputes it). Close cancels it, and
+// it is then an error wrapping ErrClosed, as is a call after Close has
+// begun.
 func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
+	if err := c.enter(); err != nil {
+		return nil, 0, err
+	}
+	defer c.exit()
 	v, ok, err := c.localHit(req, ref)
 	if err != nil {
 		return nil, 0, err
@@ -26,36 +32,58 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	if ok {
 		return v, PathLocalHit, nil
 	}
+	ctx, cancel := c.bind(ctx)
+	defer cancel()
+	v, err = c.get(ctx, req, ref)
+	if err != nil {
+		return nil, 0, closedErr(ctx, err)
+	}
+	return v, PathRemoteHit, nil
+}
+
+// get is Get past the local cache: a read of the record and a pull.
+func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, error) {
 	obj := ref.Object()
 	b := c.bucket()
 	if b == nil {
-		return nil, 0, ErrStoreUnavailable
+		return nil, ErrStoreUnavailable
 	}
 	octx, cancel := c.opContext(ctx)
 	cur, err := b.Read(octx, ref.KVKey())
 	cancel()
 	if errors.Is(err, ErrBadRecord) {
 		c.badRecord(err)
-		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
+		return nil, fmt.Errorf("%w: %w", ErrNotCached, err)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
 	if !cur.Live || cur.Record.State != lease.StateCommitted {
-		return nil, 0, ErrNotCached
+		return nil, ErrNotCached
 	}
 	// Through a flight of its own, so that concurrent gets share one pull;
-	// never through another's, which may be a compute (a wait).
-	v, err = c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
-		return c.pull(cctx, b, ref, cur)
+	// never through another's, which may be a compute (a wait). The
+	// flight is a request of its own, as GetOrCompute's is.
+	v, err := c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+		if err := c.enter(); err != nil {
+			return nil, err
+		}
+		defer c.exit()
+		cctx, cancel := c.bind(cctx)
+		defer cancel()
+		v, err := c.pull(cctx, b, ref, cur)
+		return v, closedErr(cctx, err)
 	})
 	if errors.Is(err, localcache.ErrInFlight) {
-		return nil, 0, ErrNotCached
+		return nil, ErrNotCached
+	}
+	if errors.Is(err, ErrClosed) {
+		return nil, err // not ErrNotCached: nothing was looked at
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: %w", ErrNotCached, err)
+		return nil, fmt.Errorf("%w: %w", ErrNotCached, err)
 	}
-	return v, PathRemoteHit, nil
+	return v, nil
 }
 
 // WaitFlight returns once the flight of ref in this process, if any (a

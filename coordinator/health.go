@@ -16,8 +16,19 @@ func (c *Cache) storeReachable() bool {
 // Ping reports whether the store is usable now: the bucket is open, the
 // connection is up, and the server answers a round trip before ctx ends
 // (ctx must carry a deadline). The round trip is what notices a server
-// gone without closing the connection.
+// gone without closing the connection. After Close has begun, or cancelled
+// by it, it is ErrClosed (wrapped).
 func (c *Cache) Ping(ctx context.Context) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	ctx, cancel := c.bind(ctx)
+	defer cancel()
+	return closedErr(ctx, c.ping(ctx))
+}
+
+func (c *Cache) ping(ctx context.Context) error {
 	if !c.storeReachable() {
 		return fmt.Errorf("%w: %s: not connected", ErrStoreUnavailable, serverNames(c.nc))
 	}

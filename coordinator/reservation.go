@@ -37,7 +37,29 @@ func (r *Reservation) Err() error { return r.l.Err() }
 // the lease was lost, nothing is claimed and the error wraps ErrLeaseLost;
 // v is still correct (keys are content addresses), it is just not the
 // cluster's copy. A commit acknowledged too late to trust is such a case.
+//
+// After Close has begun it is ErrClosed and writes nothing; one in flight
+// when Close is called is cancelled, and its error wraps ErrClosed
+// (whether its record landed is then unknown). Either way the
+// reservation is left to expire: Close stops renewing it.
 func (r *Reservation) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
+	if err := r.c.enter(); err != nil {
+		return payload.Location{}, err
+	}
+	defer r.c.exit()
+	ctx, cancel := r.c.bind(ctx)
+	defer cancel()
+	loc, err := r.commit(ctx, v)
+	return loc, closedErr(ctx, err)
+}
+
+// commit is Commit, for a request already in flight (computeUnder).
+func (r *Reservation) commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
+	// A commit cancelled before it starts (by Close) writes nothing: not
+	// even the payload, which no record would name.
+	if err := ctx.Err(); err != nil {
+		return payload.Location{}, err
+	}
 	// Past its deadline the key may be someone else's, and their value's
 	// payload under the same name: a Put of other bytes would replace it.
 	if err := r.l.Held(); err != nil {
@@ -64,8 +86,19 @@ func (r *Reservation) refused(err error) { r.c.obs.refused(r.ref, r.l.Revision()
 
 // Abandon gives the key up after a failed compute: the record is purged
 // (if the lease still holds it) so that a waiter or a later call can
-// compute it. cause is only for the error's message.
+// compute it. cause is only for the error's message. After Close has
+// begun it is ErrClosed and purges nothing: the key expires with the
+// lease, which Close stops renewing.
 func (r *Reservation) Abandon(ctx context.Context, cause error) error {
+	if err := r.c.enter(); err != nil {
+		return err
+	}
+	defer r.c.exit()
+	return r.abandon(ctx, cause)
+}
+
+// abandon is Abandon, for a request already in flight (computeUnder).
+func (r *Reservation) abandon(ctx context.Context, cause error) error {
 	err := r.l.Abandon(ctx)
 	if err != nil && !errors.Is(err, ErrLeaseLost) {
 		return fmt.Errorf("%w (abandoned after: %v)", err, cause)

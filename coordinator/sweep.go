@@ -25,10 +25,10 @@ func (c *Cache) sweepLoop(every time.Duration) {
 	defer t.Stop()
 	for {
 		select {
-		case <-c.done:
+		case <-c.life.Done():
 			return
 		case <-t.C:
-			c.sweepPayloads(context.Background(), every)
+			c.sweepPayloads(c.life, every)
 		}
 	}
 }
@@ -58,7 +58,7 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 			continue
 		}
 		select {
-		case <-c.done:
+		case <-c.life.Done():
 			return removed
 		default:
 		}

@@ -178,6 +178,8 @@ func errorType(err error) string {
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, ErrClosed):
+		return "closed"
 	case errors.Is(err, ErrStoreUnavailable):
 		return "store_unavailable"
 	case errors.Is(err, ErrComputeTimeout):

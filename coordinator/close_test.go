@@ -1,0 +1,317 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+)
+
+// heldGets is a payload transport whose first Get, once started, waits
+// for its ctx to end or for release before it reads.
+type heldGets struct {
+	payload.Transport
+	once    sync.Once
+	started chan struct{} // closed when the first Get starts
+	ended   chan struct{} // closed when it returns
+	release chan struct{}
+}
+
+func newHeldGets(t payload.Transport) *heldGets {
+	return &heldGets{Transport: t, started: make(chan struct{}), ended: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *heldGets) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if !first {
+		return h.Transport.Get(ctx, loc)
+	}
+	close(h.started)
+	defer close(h.ended)
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-h.release:
+		return h.Transport.Get(ctx, loc)
+	}
+}
+
+// recordOf reads r's record from the stream leader, through a connection
+// and a bucket of the test's own.
+func recordOf(t *testing.T, url string, r Ref) lease.Entry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := lease.BindBucket(ctx, connect(t, url), lease.BucketConfig{Name: lease.DefaultBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	e, err := b.Read(ctx, r.KVKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+type result struct {
+	v    *payload.Value
+	path Path
+	err  error
+}
+
+// within waits at most 10 s for a request's result.
+func within(t *testing.T, got <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request did not return in 10s")
+		return result{}
+	}
+}
+
+// TestCloseCancelsARemoteHitInFlight: a pull in flight when Close is
+// called (GetOrCompute's, and Get's, which has a flight of its own) is
+// cancelled, its caller gets ErrClosed, and Close returns only once the
+// pull has ended. The committed record stays as it was: a pull cut short
+// is no corrupt payload.
+func TestCloseCancelsARemoteHitInFlight(t *testing.T) {
+	for _, call := range []struct {
+		name string
+		get  func(c *Cache) (*payload.Value, Path, error)
+	}{
+		{"GetOrCompute", func(c *Cache) (*payload.Value, Path, error) {
+			return c.GetOrComputePath(context.Background(), "r", ref(1), noCompute(t))
+		}},
+		{"Get", func(c *Cache) (*payload.Value, Path, error) { return c.Get(context.Background(), "r", ref(1)) }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			ctx := context.Background()
+			url := startServer(t).ClientURL()
+			store := payload.NewMemoryStore("test-node", 0)
+			writer := newCache(t, url, store)
+			var n counter
+			if _, err := writer.GetOrCompute(ctx, "w", ref(1), n.fn(1)); err != nil {
+				t.Fatal(err)
+			}
+			before := recordOf(t, url, ref(1))
+			held := newHeldGets(store)
+			release := sync.OnceFunc(func() { close(held.release) })
+			defer release()
+			reader := newCache(t, url, store, route(t, payload.TransportMemory, held))
+			got := make(chan result, 1)
+			go func() {
+				v, path, err := call.get(reader)
+				got <- result{v, path, err}
+			}()
+			<-held.started
+			reader.Close()
+			select {
+			case <-held.ended:
+			default:
+				t.Error("Close returned while the pull was in flight")
+			}
+			release() // a pull still in flight (it should not be) ends now
+			if r := within(t, got); !errors.Is(r.err, ErrClosed) {
+				t.Errorf("the request in flight got %v %v, want ErrClosed", r.path, r.err)
+			}
+			after := recordOf(t, url, ref(1))
+			if !after.Live || after.Rev != before.Rev || after.Record.State != lease.StateCommitted {
+				t.Errorf("the record changed: %+v, was %+v", after, before)
+			}
+			if s := reader.Stats(); s.RemoteHits != 0 || s.Computes != 0 {
+				t.Errorf("the closed cache served or computed: %+v", s)
+			}
+		})
+	}
+}
+
+// TestCloseCancelsAWaitForAnotherProcess: a request waiting for another
+// process's compute when Close is called returns ErrClosed, and its wait
+// (its subscription to the key's changes) has ended when Close returns;
+// the commit that follows reaches nobody in the closed Cache.
+func TestCloseCancelsAWaitForAnotherProcess(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	store := payload.NewMemoryStore("test-node", 0)
+	holder := newCache(t, url, store)
+	res, err := holder.Reserve(ctx, ref(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t, url)
+	waiter, err := New(ctx, nc, route(t, payload.TransportMemory, store), WithLeaseTTL(time.Second),
+		WithNode("test-node"), WithPollInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	subs := nc.NumSubscriptions()
+	var n counter
+	got := make(chan result, 1)
+	go func() {
+		v, path, err := waiter.GetOrComputePath(ctx, "w", ref(2), n.fn(2))
+		got <- result{v, path, err}
+	}()
+	waitFor(t, func() bool { return waiter.Stats().Waits == 1 && nc.NumSubscriptions() == subs+1 })
+	waiter.Close()
+	if now := nc.NumSubscriptions(); now != subs {
+		t.Errorf("Close returned while the wait was in flight (%d subscriptions, %d before it)", now, subs)
+	}
+	if _, err := res.Commit(ctx, embedding(2)); err != nil {
+		t.Fatal(err)
+	}
+	if r := within(t, got); !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the waiting request got %v %v, want ErrClosed", r.path, r.err)
+	}
+	if s := waiter.Stats(); s.RemoteHits != 0 || s.Computes != 0 || n.n[2].Load() != 0 {
+		t.Errorf("the closed cache pulled or computed: %+v", s)
+	}
+}
+
+// TestCloseAbandonsACancelledCompute: a compute in flight when Close is
+// called sees its ctx end; Close returns once it has, and its key has been
+// abandoned, so another process reserves it at once (not a lease TTL
+// later).
+func TestCloseAbandonsACancelledCompute(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	store := payload.NewMemoryStore("test-node", 0)
+	other := newCache(t, url, store, WithLeaseTTL(30*time.Second))
+	c := newCache(t, url, store, WithLeaseTTL(30*time.Second))
+	started, ended, releasec := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(releasec) })
+	defer release()
+	fn := func(ctx context.Context) (*payload.Value, error) {
+		close(started)
+		defer close(ended)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-releasec:
+			return embedding(3), nil
+		}
+	}
+	got := make(chan result, 1)
+	go func() {
+		v, path, err := c.GetOrComputePath(ctx, "r", ref(3), fn)
+		got <- result{v, path, err}
+	}()
+	<-started
+	c.Close()
+	select {
+	case <-ended:
+	default:
+		t.Error("Close returned while the compute was in flight")
+	}
+	release() // a compute still in flight (it should not be) ends now
+	if e := recordOf(t, url, ref(3)); e.Live {
+		t.Errorf("the cancelled compute's key is still held: %+v", e.Record)
+	}
+	r, err := other.Reserve(ctx, ref(3))
+	if err != nil {
+		t.Errorf("another process could not reserve the key: %v", err)
+	} else {
+		r.Abandon(ctx, errors.New("test done"))
+	}
+	if r := within(t, got); !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the computing request got %v %v, want ErrClosed", r.path, r.err)
+	}
+}
+
+// TestCloseGivesUpOnAComputeThatIgnoresItsContext: Close waits a lease
+// TTL at most for a compute that ignores its ctx, then returns; the
+// caller got ErrClosed, and the value the compute returns later is not
+// committed.
+func TestCloseGivesUpOnAComputeThatIgnoresItsContext(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	store := payload.NewMemoryStore("test-node", 0)
+	c := newCache(t, url, store) // a lease TTL of 1s
+	started, releasec := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(releasec) })
+	defer release()
+	fn := func(context.Context) (*payload.Value, error) {
+		close(started)
+		<-releasec
+		return embedding(4), nil
+	}
+	got := make(chan result, 1)
+	go func() {
+		v, path, err := c.GetOrComputePath(ctx, "r", ref(4), fn)
+		got <- result{v, path, err}
+	}()
+	<-started
+	c.Close()
+	// The caller's result is settled already: its ctx ended with Close,
+	// and the compute has not returned.
+	release()
+	if r := within(t, got); !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the computing request got %v %v, want ErrClosed", r.path, r.err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.WaitFlight(wctx, ref(4)); err != nil {
+		t.Fatal(err)
+	}
+	if e := recordOf(t, url, ref(4)); e.Live && e.Record.State == lease.StateCommitted {
+		t.Error("a compute that returned after Close was committed")
+	}
+	if _, err := store.Open(ctx, ref(4).Object()); !errors.Is(err, payload.ErrNotFound) {
+		t.Error("a compute that returned after Close wrote its payload")
+	}
+}
+
+// TestCallsAfterCloseAreRefused: every call that may use the store is
+// ErrClosed once Close has begun, and does nothing.
+func TestCallsAfterCloseAreRefused(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	store := payload.NewMemoryStore("test-node", 0)
+	c := newCache(t, url, store, WithEvents(0), WithLeaseTTL(30*time.Second))
+	res, err := c.Reserve(ctx, ref(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	var n counter
+	if _, err := c.GetOrCompute(ctx, "r", ref(6), n.fn(6)); !errors.Is(err, ErrClosed) {
+		t.Errorf("GetOrCompute: %v", err)
+	}
+	if _, _, err := c.Get(ctx, "r", ref(6)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Get: %v", err)
+	}
+	if _, err := c.Reserve(ctx, ref(7)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Reserve: %v", err)
+	}
+	if _, err := res.Commit(ctx, embedding(5)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Commit: %v", err)
+	}
+	if err := res.Abandon(ctx, errors.New("done")); !errors.Is(err, ErrClosed) {
+		t.Errorf("Abandon: %v", err)
+	}
+	if err := c.Invalidate(ctx, "acme", "m", 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("Invalidate: %v", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := c.Ping(pctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Ping: %v", err)
+	}
+	if n.n[6].Load() != 0 {
+		t.Error("computed after Close")
+	}
+	if e := recordOf(t, url, ref(6)); e.Live {
+		t.Errorf("reserved after Close: %+v", e.Record)
+	}
+	if e := recordOf(t, url, ref(5)); !e.Live || e.Record.State != lease.StateComputing {
+		t.Errorf("the reservation was committed or abandoned after Close: %+v", e)
+	}
+}
