@@ -13,13 +13,14 @@
 // A Get serves a file only if its encoding hashes to its trailer and the
 // trailer is the Location's checksum, so a flipped byte or a foreign file
 // is payload.ErrCorrupt, never a value. The hash is paid once per file
-// version per node: the writer, which hashed the bytes as it wrote them,
-// or else the first reader, leaves a proof beside the values naming the
-// file's inode, size and ctime; any Store of the node trusts it while the
-// file is unchanged (a change moves its ctime, which no user can set), and
-// Gets of one file share one mapping (WithVerifyData(false) checks the
-// trailer only; docs/protocol.md section 2.3 has the threat model and the
-// cost). Receive writes a value streamed from another node the same way,
+// version per node: the writer, which hashed the bytes it wrote, or else
+// the first reader, leaves a proof beside the values naming the file's
+// inode, size, mode and ctime; every Store of the same user on the node
+// trusts it while the file is unchanged (a change moves its ctime, which no
+// user can set). Only read-only files of the Store's user are proved;
+// others are hashed at every fresh mapping. Gets of one file share one
+// mapping (WithVerifyData(false) checks the trailer only; docs/protocol.md
+// section 2.3 has the threat model and the cost). Receive writes a value streamed from another node the same way,
 // hashing it as it writes, and puts it in place only if it matches the
 // checksum it was sent for.
 package shm

@@ -19,7 +19,7 @@ import (
 type fileID struct {
 	dev, ino     uint64
 	size         int64 // the whole file, trailer included
-	uid          uint32
+	uid, mode    uint32
 	mtime, ctime unix.Timespec
 }
 
@@ -38,7 +38,7 @@ type mapping struct {
 }
 
 func idOf(st *unix.Stat_t) fileID {
-	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, uid: st.Uid, mtime: st.Mtim, ctime: st.Ctim}
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, uid: st.Uid, mode: st.Mode, mtime: st.Mtim, ctime: st.Ctim}
 }
 
 // encoding is the mapped file without its trailer.
@@ -131,9 +131,13 @@ func sumOf(mem []byte) (sum payload.Checksum, err error) {
 
 // mapVerified maps f into m and reads its trailer. With verification, a
 // file version with a proof (this process's or the node's) is not hashed;
-// any other is hashed, proved if it matches its trailer and did not change
-// meanwhile, and removed if it does not match (so that a writer can put the
-// value in place again). at is the coarse clock before m.id's stat.
+// any other is hashed, and removed if it does not match its trailer (so
+// that a writer can put the value in place again). It is proved if it
+// matches, may be proved (proofs.provable), and nobody had it open for
+// writing from before the hash to after it: a read lease, which the
+// kernel grants only while no one has the file open for writing (a write
+// under way, a writable mapping), and breaks when someone opens it so. at
+// is the coarse clock before m.id's stat.
 func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, at unix.Timespec) error {
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(m.id.size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
@@ -148,6 +152,11 @@ func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, at uni
 		return nil
 	}
 	s.hashes.Add(1)
+	fd := int(f.Fd())
+	leased := s.proofs.provable(m.id) && setLease(fd, unix.F_RDLCK) == nil
+	if leased {
+		defer setLease(fd, unix.F_UNLCK)
+	}
 	got, err := sumOf(m.encoding())
 	if err != nil {
 		return fmt.Errorf("%w: %v: %v", payload.ErrCorrupt, obj, err)
@@ -157,10 +166,14 @@ func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, at uni
 		return fmt.Errorf("%w: %v hashes to %v, its trailer says %v", payload.ErrCorrupt, obj, got, m.trailer)
 	}
 	// A file changed while it was hashed (a Put of the same bytes moves
-	// its times) is served as hashed, but proves nothing: its next map
-	// hashes it again.
+	// its times), or opened for writing (which breaks the lease), is
+	// served as hashed, but proves nothing: its next map hashes it again.
+	if !leased {
+		return nil
+	}
+	lease, err := unix.FcntlInt(uintptr(fd), unix.F_GETLEASE, 0)
 	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) == nil && idOf(&st) == m.id {
+	if err == nil && lease == unix.F_RDLCK && unix.Fstat(fd, &st) == nil && idOf(&st) == m.id {
 		s.proofs.add(obj, proof{id: m.id, sum: got, at: at})
 	}
 	return nil
@@ -195,4 +208,9 @@ func (s *Store) removeIfSame(obj payload.ObjectID, id fileID) {
 		s.used = max(0, s.used-id.size)
 		s.mu.Unlock()
 	}
+}
+
+func setLease(fd, kind int) error {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, kind)
+	return err
 }

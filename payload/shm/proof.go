@@ -50,12 +50,15 @@ func coarseNow() unix.Timespec {
 	return ts
 }
 
-// proofs is where a Store keeps and finds proofs: in this process (any
-// file, whoever owns it) and on the node, as files beside the values that
-// any process of the store's owner trusts.
+// proofs is where a Store keeps and finds proofs: in this process and on
+// the node, as files beside the values that every process of this user
+// trusts. Only a file of this user that nobody may write (mode without a
+// write bit) is proved: its owner must change its mode, which moves its
+// ctime, before writing to it, and nobody else can. Any other file is
+// hashed whenever a process maps it afresh.
 type proofs struct {
 	dir  string // the store's directory
-	euid uint32 // this process's: only proofs and files it owns are trusted from the node
+	euid uint32 // this process's: only files it owns, and node proofs it owns, are proved
 	fine bool   // see proof.holds
 
 	mine *lru.Cache[fileID, proof] // proved by this process
@@ -74,14 +77,22 @@ func (ps *proofs) path(obj payload.ObjectID) string {
 	return filepath.Join(ps.dir, proofDir, obj.Tenant, obj.Key.String())
 }
 
+// provable reports whether file version id may be proved: this user's,
+// and nobody may write it (another user's file could be changed by its
+// owner through a mapping, which moves no time; so could one whose mode
+// lets anyone write).
+func (ps *proofs) provable(id fileID) bool {
+	return id.uid == ps.euid && id.mode&0o222 == 0
+}
+
 // find returns the checksum proved for file version id of obj, from this
 // process's proofs or the node's.
 func (ps *proofs) find(obj payload.ObjectID, id fileID) (payload.Checksum, bool) {
+	if !ps.provable(id) {
+		return payload.Checksum{}, false
+	}
 	if p, ok := ps.mine.Get(id); ok && p.holds(id, ps.fine) {
 		return p.sum, true
-	}
-	if id.uid != ps.euid {
-		return payload.Checksum{}, false // another user's file: what it proves of it, it could have changed unseen
 	}
 	p, err := ps.read(obj)
 	if err != nil || !p.holds(id, ps.fine) {
@@ -91,29 +102,53 @@ func (ps *proofs) find(obj payload.ObjectID, id fileID) (payload.Checksum, bool)
 	return p.sum, true
 }
 
-// add records p for obj in this process and, for a file this process's
-// user owns, on the node. A node proof that cannot be written is no
-// error: the file's next reader in another process hashes it.
+// add records p for obj in this process and on the node, if its file
+// may be proved. A node proof that cannot be written is no error: the
+// file's next reader in another process hashes it.
 func (ps *proofs) add(obj payload.ObjectID, p proof) {
-	ps.mine.Add(p.id, p)
-	if p.id.uid == ps.euid {
-		ps.write(obj, p)
+	if !ps.provable(p.id) {
+		return
 	}
+	ps.mine.Add(p.id, p)
+	ps.write(obj, p)
 }
 
 // forget removes obj's node proof if it names inode ino (a file deleted or
 // found corrupt), not a later file's.
 func (ps *proofs) forget(obj payload.ObjectID, ino uint64) {
-	if p, err := ps.read(obj); err == nil && p.id.ino == ino {
+	if p, err := ps.read(obj); err == nil && p.id.ino == ino && ps.realDir(obj.Tenant) {
 		os.Remove(ps.path(obj))
 	}
 }
 
+// realDir reports whether the proofs' directory of tenant ("" for their
+// root) is a directory, not a link to one: another user who made the
+// store's directories first must not lead a sweep or a write out of it.
+func (ps *proofs) realDir(tenant string) bool {
+	dirs := []string{filepath.Join(ps.dir, proofDir)}
+	if tenant != "" {
+		dirs = append(dirs, filepath.Join(dirs[0], tenant))
+	}
+	for _, d := range dirs {
+		var st unix.Stat_t
+		if unix.Lstat(d, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return false
+		}
+	}
+	return true
+}
+
 // sweep removes the node proofs whose value file is gone.
 func (ps *proofs) sweep() {
+	if !ps.realDir("") {
+		return
+	}
 	root := filepath.Join(ps.dir, proofDir)
 	tenants, _ := os.ReadDir(root)
 	for _, t := range tenants {
+		if !t.IsDir() { // a link is not followed
+			continue
+		}
 		names, _ := os.ReadDir(filepath.Join(root, t.Name()))
 		for _, n := range names {
 			value := filepath.Join(ps.dir, t.Name(), n.Name())
@@ -136,7 +171,7 @@ func (p proof) encode() []byte {
 	b = append(b, proofMagic...)
 	for _, n := range []uint64{p.id.dev, p.id.ino, uint64(p.id.size), uint64(p.id.uid),
 		uint64(p.id.mtime.Sec), uint64(p.id.mtime.Nsec), uint64(p.id.ctime.Sec), uint64(p.id.ctime.Nsec),
-		uint64(p.at.Sec), uint64(p.at.Nsec), 0, 0} {
+		uint64(p.at.Sec), uint64(p.at.Nsec), uint64(p.id.mode), 0} {
 		b = binary.LittleEndian.AppendUint64(b, n)
 	}
 	return append(b, p.sum[:]...)
@@ -152,7 +187,7 @@ func decodeProof(b []byte) (proof, error) {
 	for i := range n {
 		n[i] = binary.LittleEndian.Uint64(b[len(proofMagic)+8*i:])
 	}
-	p := proof{id: fileID{dev: n[0], ino: n[1], size: int64(n[2]), uid: uint32(n[3]),
+	p := proof{id: fileID{dev: n[0], ino: n[1], size: int64(n[2]), uid: uint32(n[3]), mode: uint32(n[10]),
 		mtime: unix.Timespec{Sec: int64(n[4]), Nsec: int64(n[5])},
 		ctime: unix.Timespec{Sec: int64(n[6]), Nsec: int64(n[7])}},
 		at: unix.Timespec{Sec: int64(n[8]), Nsec: int64(n[9])}}
@@ -185,7 +220,7 @@ func (ps *proofs) read(obj payload.ObjectID) (proof, error) {
 // write puts p in place as obj's node proof, whole (a temp file renamed).
 func (ps *proofs) write(obj payload.ObjectID, p proof) {
 	final := ps.path(obj)
-	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil || !ps.realDir(obj.Tenant) {
 		return
 	}
 	tmp, err := os.CreateTemp(filepath.Join(ps.dir, tmpDir), "proof-*")

@@ -97,8 +97,15 @@ func Open(dir string, opts ...Option) (*Store, error) {
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(abs, tmpDir), 0o755); err != nil {
-		return nil, fmt.Errorf("shm: %w", err)
+	for _, sub := range []string{tmpDir, proofDir} {
+		d := filepath.Join(abs, sub)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("shm: %w", err)
+		}
+		// Sweeps remove files in them: a link would lead them out of the store.
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("shm: %s is not a directory (a link?): refused", d)
+		}
 	}
 	s.proofs = newProofs(abs)
 	err = filepath.WalkDir(abs, func(path string, d fs.DirEntry, err error) error {
