@@ -112,6 +112,12 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.pollInterval == 0 {
 		s.pollInterval = s.leaseTTL / 5
 	}
+	if s.clockAllowance == 0 {
+		s.clockAllowance = lease.DefaultClockAllowance(s.leaseTTL)
+	}
+	if s.clockAllowance > s.leaseTTL/2 {
+		return nil, fmt.Errorf("%w: clock allowance %v over half the lease TTL %v", ErrInvalidOption, s.clockAllowance, s.leaseTTL)
+	}
 	if s.router == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
 		s.router, _ = payload.NewRouter(s.node, payload.TransportMemory, mem) // valid: every argument is set
@@ -571,17 +577,20 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// purgeStale removes a computing record nobody renews: one not written for
-// two lease TTLs (or two of its own TTLs, if longer) belongs to a dead
-// holder or was written by hand without a TTL, and would block its key
-// forever. It is purged on its revision, so a holder that renews meanwhile
-// keeps it. Reports whether the key should be read again.
+// purgeStale removes a computing record that nobody renews and nothing
+// expires: one without a TTL of its own (written by hand), not written for
+// two lease TTLs, would block its key forever. It is purged on its
+// revision, so a write meanwhile keeps it. A record with a TTL is left to
+// the server, whatever its age by this process's clock (which may run
+// ahead): past its deadline a purge could start a next holder whose
+// writes the server's expiry marker then wipes (docs/protocol.md 3.1).
+// Reports whether the key should be read again.
 func (c *Cache) purgeStale(ctx context.Context, b *lease.Bucket, key string, cur lease.Entry) bool {
-	if cur.Stamp.IsZero() {
+	if cur.Stamp.IsZero() || cur.TTL > 0 {
 		return false
 	}
 	age := c.s.clock.Now().Sub(cur.Stamp)
-	if age <= 2*max(c.s.leaseTTL, cur.TTL) {
+	if age <= 2*c.s.leaseTTL {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)
@@ -596,13 +605,14 @@ func (c *Cache) purgeStale(ctx context.Context, b *lease.Bucket, key string, cur
 }
 
 // purgeUnreadable removes a record that does not decode under its key (a
-// tombstone at a value's key included) once it is older than a lease TTL
-// and its own TTL by the server's time stamp (lease.Entry.Outlived), so
-// that its key is shared again; a younger one may be a newer version's
-// record mid-upgrade, and is left alone meanwhile. Reports whether the key
-// should be read again.
+// tombstone at a value's key included) and has no TTL of its own once it
+// is older than a lease TTL by the server's time stamp
+// (lease.Entry.Outlived), so that its key is shared again; a younger one
+// may be a newer version's record mid-upgrade, and is left alone
+// meanwhile. One with a TTL is left to the server's expiry, as purgeStale
+// leaves a computing record. Reports whether the key should be read again.
 func (c *Cache) purgeUnreadable(ctx context.Context, b *lease.Bucket, key string, cur lease.Entry, cause error) bool {
-	if !cur.Outlived(c.s.clock.Now(), c.s.leaseTTL) {
+	if cur.TTL > 0 || !cur.Outlived(c.s.clock.Now(), c.s.leaseTTL) {
 		return false
 	}
 	octx, cancel := c.opContext(ctx)
@@ -778,7 +788,7 @@ func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reserva
 		st = wrap(b)
 	}
 	l, err := lease.Acquire(ctx, st, ref.KVKey(), rec, lease.Config{TTL: c.s.leaseTTL, OpTimeout: c.s.opTimeout,
-		Clock: c.s.clock, Hooks: c.leaseHooks()})
+		Clock: c.s.clock, ClockAllowance: c.s.clockAllowance, Hooks: c.leaseHooks()})
 	if err != nil {
 		return nil, err
 	}

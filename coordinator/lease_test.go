@@ -450,3 +450,41 @@ func TestWaiterIgnoresAnOlderChange(t *testing.T) {
 		t.Fatalf("the waiter took the older change: %+v", s)
 	}
 }
+
+// A reader whose clock runs well ahead of the servers' (30 s, six lease
+// TTLs) waits on a live lease: a record with a TTL of its own is the
+// server's to expire, whatever age the reader's clock gives it. (A
+// reader about 8 s ahead, at the default lease, took over every live
+// lease it waited on, so keys were computed twice with no fault.)
+func TestASkewedReaderNeverTakesOverALiveLease(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	holder := newCache(t, srv.ClientURL(), store)
+	skewed := newCache(t, srv.ClientURL(), store, WithClock(offsetClock(30*time.Second)))
+	started, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := holder.GetOrCompute(context.Background(), "h", ref(10), func(context.Context) (*payload.Value, error) {
+			close(started)
+			<-release
+			return embedding(10), nil
+		})
+		held <- err
+	}()
+	<-started
+	var cnt counter
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond) // over two renewals of the 1 s lease
+	_, path, err := skewed.GetOrComputePath(ctx, "s", ref(10), cnt.fn(10))
+	cancel()
+	if cnt.n[10].Load() != 0 || skewed.Stats().StaleTakeovers != 0 {
+		t.Fatalf("the skewed reader took the live lease over (%v, %v; %d computes, %d takeovers)",
+			path, err, cnt.n[10].Load(), skewed.Stats().StaleTakeovers)
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	if s := holder.Stats(); s.Computes != 1 || s.CommitsRefused != 0 || s.LeasesLost != 0 {
+		t.Fatalf("holder %+v", s)
+	}
+}

@@ -43,6 +43,7 @@ type settings struct {
 	replicas       int
 	shards         int // 0: as the bucket records
 	leaseTTL       time.Duration
+	clockAllowance time.Duration // 0: lease.DefaultClockAllowance(leaseTTL)
 	storeTTL       time.Duration
 	markerTTL      time.Duration
 	opTimeout      time.Duration
@@ -172,6 +173,21 @@ func WithLeaseTTL(d time.Duration) Option {
 			return fmt.Errorf("%w: lease TTL must be >= 1s (JetStream TTLs are whole seconds), got %v", ErrInvalidOption, d)
 		}
 		s.leaseTTL = d
+		return nil
+	}
+}
+
+// WithClockAllowance sets how far the clocks of the NATS servers and of
+// the processes may disagree, a step included (default: a fifth of the
+// lease TTL, at most 1s; at most half the lease TTL). Every lease revision's
+// deadline comes that much early (docs/protocol.md 3.1), and so does the
+// reconciler's for a touch.
+func WithClockAllowance(d time.Duration) Option {
+	return func(s *settings) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: clock allowance must be > 0, got %v", ErrInvalidOption, d)
+		}
+		s.clockAllowance = d
 		return nil
 	}
 }

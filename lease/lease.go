@@ -60,8 +60,19 @@ type Config struct {
 	TTL       time.Duration
 	OpTimeout time.Duration // bound of each store call (0: 2s)
 	Clock     Clock         // default: the system clock
-	Hooks     Hooks
+	// ClockAllowance is how far the clocks of the servers (and of the
+	// processes) may disagree, a step included: each revision's deadline
+	// comes that much before its write's send time plus its TTL, because a
+	// server expires a message by its own clock against the time stamp
+	// another server may have given it. 0: DefaultClockAllowance(TTL). At
+	// most half the TTL.
+	ClockAllowance time.Duration
+	Hooks          Hooks
 }
+
+// DefaultClockAllowance is the clock allowance of a lease of ttl: a fifth
+// of it, at most 1s (docs/protocol.md 3.1).
+func DefaultClockAllowance(ttl time.Duration) time.Duration { return min(time.Second, ttl/5) }
 
 // Hooks hear what happens to leases; every field is optional. They are
 // called without the lease's locks held, on the goroutine that found what
@@ -89,6 +100,12 @@ func (c *Config) validate() error {
 	if c.OpTimeout == 0 {
 		c.OpTimeout = 2 * time.Second
 	}
+	if c.ClockAllowance < 0 || c.ClockAllowance > c.TTL/2 {
+		return fmt.Errorf("%w: clock allowance %v out of [0, TTL/2 = %v]", ErrInvalidConfig, c.ClockAllowance, c.TTL/2)
+	}
+	if c.ClockAllowance == 0 {
+		c.ClockAllowance = DefaultClockAllowance(c.TTL)
+	}
 	if c.Clock == nil {
 		c.Clock = SystemClock{}
 	}
@@ -104,10 +121,12 @@ func (c *Config) validate() error {
 // marker with no revision condition, and it wipes a write the server
 // accepted on the revision in between (docs/jetstream-notes.md). So each
 // revision has a deadline, the time the write that made it was sent plus
-// that write's TTL, and an answer (an acknowledgement, or a read proving a
-// write landed) counts only if it arrives before the deadline. A lease
-// whose deadline passes without a renewal landing is lost
-// (docs/protocol.md, section 3).
+// that write's TTL less the clock allowance, and an answer (an
+// acknowledgement, or a read proving a write landed) counts only if it
+// arrives before the deadline. A lease whose deadline passes without a
+// renewal landing is lost, and nothing is written on a revision past its
+// deadline, a purge included: the server's expiry marker may still come,
+// and would wipe what a next holder wrote (docs/protocol.md, section 3.1).
 type Lease struct {
 	b     Store
 	cfg   Config
@@ -123,7 +142,7 @@ type Lease struct {
 
 	mu       sync.Mutex
 	rev      uint64    // guarded by mu
-	deadline time.Time // when rev may expire: its write's send time plus its TTL; guarded by mu
+	deadline time.Time // when rev may expire: its write's send time plus its TTL, less the allowance; guarded by mu
 	sent     time.Time // when the write that made rev was sent; guarded by mu
 	rec      Record    // guarded by mu
 	ended    bool      // committed, abandoned or lost; guarded by mu
@@ -154,9 +173,9 @@ type attempt struct {
 // Acquire takes key with rec, a computing record, and starts renewing it
 // every third of cfg.TTL. The record's Reserved is set to the revision the
 // create made, and carried by the renewals and the commit. ErrHeld means
-// the key is live; ErrLate that the create was acknowledged after its TTL
-// (the key was given back: try again); ErrInvalidConfig and ErrBadRecord
-// that cfg or rec cannot make a lease.
+// the key is live; ErrLate that the create was acknowledged after its
+// deadline (the record is left to expire: try again); ErrInvalidConfig and
+// ErrBadRecord that cfg or rec cannot make a lease.
 func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (*Lease, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -174,18 +193,18 @@ func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (
 	if err != nil {
 		return nil, err
 	}
-	if late := cfg.Clock.Now().Sub(sent.Add(cfg.TTL)); late >= 0 {
+	deadline := cfg.deadline(sent, cfg.TTL)
+	if late := cfg.Clock.Now().Sub(deadline); late >= 0 {
+		// Not purged: the server may expire it any time now, and its
+		// marker would wipe what a waiter that took the key over wrote.
 		if h := cfg.Hooks.Late; h != nil {
 			h(key)
 		}
-		octx, cancel := context.WithTimeout(ctx, cfg.OpTimeout)
-		b.Purge(octx, key, rev)
-		cancel()
-		return nil, fmt.Errorf("%w: %s acknowledged %v after its TTL", ErrLate, key, late)
+		return nil, fmt.Errorf("%w: %s acknowledged %v after its deadline", ErrLate, key, late)
 	}
 	rec.Reserved = rev
 	l := &Lease{b: b, cfg: cfg, key: key, ttl: cfg.TTL, clock: cfg.Clock,
-		rev: rev, sent: sent, deadline: sent.Add(cfg.TTL), rec: rec,
+		rev: rev, sent: sent, deadline: deadline, rec: rec,
 		done: make(chan struct{}), stopBeats: make(chan struct{}), beatsDone: make(chan struct{})}
 	go func() {
 		defer close(l.beatsDone)
@@ -313,13 +332,10 @@ func (l *Lease) writeLocked(ctx context.Context, rec Record, ttl time.Duration) 
 	case err == nil:
 		l.pending = nil
 		if !acked.Before(deadline) {
+			// Not purged (nor is anything written on it): rev's expiry
+			// marker may be pending, and would wipe what a waiter that took
+			// the key over wrote. Waiters have the key when newRev expires.
 			l.late()
-			if rec.State == StateComputing {
-				// Nobody renews it: let the waiters have the key now.
-				pctx, cancel := context.WithTimeout(ctx, l.cfg.OpTimeout)
-				l.b.Purge(pctx, l.key, newRev)
-				cancel()
-			}
 			return 0, fmt.Errorf("%w: %s: revision %d acknowledged %v after its deadline (the server's TTL marker may wipe it)",
 				ErrLost, l.key, newRev, acked.Sub(deadline))
 		}
@@ -411,7 +427,14 @@ func (l *Lease) late() {
 func (l *Lease) advance(rev uint64, sent time.Time, ttl time.Duration, rec Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.rev, l.sent, l.deadline, l.rec = rev, sent, sent.Add(ttl), rec
+	l.rev, l.sent, l.deadline, l.rec = rev, sent, l.cfg.deadline(sent, ttl), rec
+}
+
+// deadline is the deadline of a revision whose write was sent at sent
+// with ttl (the server rounds a TTL down to whole seconds; Bucket rounds
+// every TTL it sends up, so ttl is never more than the server keeps).
+func (c *Config) deadline(sent time.Time, ttl time.Duration) time.Time {
+	return sent.Add(ttl - c.ClockAllowance)
 }
 
 func (l *Lease) isEnded() bool {
@@ -559,8 +582,10 @@ func (l *Lease) commitLocked(ctx context.Context, loc payload.Location, v *paylo
 const commitRetryFor = time.Minute
 
 // Abandon gives the key up: the record is purged (if the lease still
-// holds it) so that a waiter or a later call can take it. On a lease that
-// has already ended it returns that end's error (wrapping ErrLost).
+// holds it, before its deadline) so that a waiter or a later call can take
+// it. Past the deadline nothing is written: the record expires on the
+// server. On a lease that has already ended it returns that end's error
+// (wrapping ErrLost).
 func (l *Lease) Abandon(ctx context.Context) error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
@@ -574,8 +599,13 @@ func (l *Lease) Abandon(ctx context.Context) error {
 	if len(l.pending) > 0 {
 		l.settleLocked(ctx) // purge the revision a pending write made, if one did
 	}
-	rev, _ := l.position()
-	octx, cancel := context.WithTimeout(ctx, l.cfg.OpTimeout)
+	rev, deadline := l.position()
+	left := deadline.Sub(l.clock.Now())
+	if left <= 0 {
+		return nil // it may expire any time now: a purge could start a next holder that its marker wipes
+	}
+	// Nor sent again past it (Purge resends a write refused while another is in flight).
+	octx, cancel := context.WithTimeout(ctx, min(l.cfg.OpTimeout, left))
 	defer cancel()
 	if err := l.b.Purge(octx, l.key, rev); err != nil && !errors.Is(err, ErrLost) {
 		return fmt.Errorf("lease: abandoning %s: %w", l.key, err)

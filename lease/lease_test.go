@@ -89,17 +89,19 @@ func TestRenewalPastDeadlineEndsLease(t *testing.T) {
 }
 
 // A renewal acknowledged at or after the deadline ends the lease, and the
-// record it made is purged so that waiters need not wait out its TTL.
+// record it made is left to expire: the old revision's expiry marker may
+// be pending, and would wipe what a waiter that took the key over wrote.
 func TestLateRenewalEndsLease(t *testing.T) {
 	f := newFixture(t, false)
 	l := f.acquire(t, 4)
+	rev := l.Revision()
 	f.onNext("write", func(err error) error { f.clock.Advance(longLease); return err })
 	if _, ok := l.beat(context.Background()); ok {
 		t.Fatal("late renewal kept the lease")
 	}
 	assertLost(t, l)
-	if cur := f.read(t, kvKey(4)); cur.Live {
-		t.Fatalf("late renewal's record left live: %+v", cur)
+	if cur := f.read(t, kvKey(4)); !cur.Live || cur.Rev != rev+1 {
+		t.Fatalf("the late renewal's record was not left as it landed (revision %d): %+v", rev+1, cur)
 	}
 	if lost, late := f.heard(); late != 1 || len(lost) != 1 {
 		t.Fatalf("late %d lost %v", late, lost)

@@ -79,6 +79,11 @@ type answeredStore struct {
 	f *fixture
 }
 
+func (a answeredStore) Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	rev, err := a.Bucket.Create(ctx, key, r, ttl)
+	return rev, a.f.answer("create", err)
+}
+
 func (a answeredStore) CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
 	newRev, err := a.Bucket.CompareAndSet(ctx, key, rev, r, ttl)
 	return newRev, a.f.answer("write", err)
@@ -101,7 +106,7 @@ func (f *fixture) answer(op string, err error) error {
 	return err
 }
 
-// onNext makes the answer of the next op ("write" or "read") go through h.
+// onNext makes the answer of the next op ("create", "write" or "read") go through h.
 func (f *fixture) onNext(op string, h func(error) error) {
 	f.mu.Lock()
 	f.next[op] = h

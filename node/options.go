@@ -70,13 +70,17 @@ type Options struct {
 	// processes shm files anyway.
 	PullToShm bool
 
-	Bucket       string        // the lease bucket (default lease.DefaultBucket)
-	Replicas     int           // of the bucket and stream when this node creates them (0: the coordinator's default)
-	LeaseShards  int           // KV buckets the keys spread over when this node creates the bucket (0: as the bucket records, 1 if new)
-	LeaseTTL     time.Duration // 0: the coordinator's default
-	StoreTTL     time.Duration // committed record TTL (0: the coordinator's default)
-	PayloadSweep time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
-	NoEvents     bool          // run without the event stream (it is on by default)
+	Bucket      string        // the lease bucket (default lease.DefaultBucket)
+	Replicas    int           // of the bucket and stream when this node creates them (0: the coordinator's default)
+	LeaseShards int           // KV buckets the keys spread over when this node creates the bucket (0: as the bucket records, 1 if new)
+	LeaseTTL    time.Duration // 0: the coordinator's default
+	// ClockAllowance is how far the clocks of the NATS servers and of the
+	// processes may disagree (0: a fifth of the lease TTL, at most 1s;
+	// docs/protocol.md 3.1).
+	ClockAllowance time.Duration
+	StoreTTL       time.Duration // committed record TTL (0: the coordinator's default)
+	PayloadSweep   time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
+	NoEvents       bool          // run without the event stream (it is on by default)
 
 	// Reconciler runs a reconciler on this node from Start to Close: one
 	// in the cluster is active, the others stand by. It needs the event
@@ -183,6 +187,9 @@ func (o *Options) cacheOptions() []coordinator.Option {
 	if o.LeaseTTL != 0 {
 		opts = append(opts, coordinator.WithLeaseTTL(o.LeaseTTL))
 	}
+	if o.ClockAllowance != 0 {
+		opts = append(opts, coordinator.WithClockAllowance(o.ClockAllowance))
+	}
 	if o.StoreTTL != 0 {
 		opts = append(opts, coordinator.WithStoreTTL(o.StoreTTL))
 	}
@@ -215,6 +222,9 @@ func (o *Options) reconcilerOptions() []reconciler.Option {
 	}
 	if o.LeaseTTL != 0 {
 		opts = append(opts, reconciler.WithLeaseTTL(o.LeaseTTL))
+	}
+	if o.ClockAllowance != 0 {
+		opts = append(opts, reconciler.WithClockAllowance(o.ClockAllowance))
 	}
 	if o.MeterProvider != nil {
 		opts = append(opts, reconciler.WithMeterProvider(o.MeterProvider))

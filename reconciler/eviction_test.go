@@ -141,3 +141,28 @@ func TestAnEvictionWaitsForItsPayloadDelete(t *testing.T) {
 		}
 	}
 }
+
+// A touch is not sent within the clock allowance of the record's expiry
+// (set by its committer's clock, while the server expires it by its own):
+// with an allowance of 5 s, a record expiring in 3 s by the reconciler's
+// clock is left to expire, and one expiring in an hour is extended.
+func TestATouchWithinTheClockAllowanceOfExpiryIsNotSent(t *testing.T) {
+	e := newWorld(t)
+	r, _ := e.reconciler(e.store, reconciler.WithLeaseTTL(10*time.Second), reconciler.WithClockAllowance(5*time.Second))
+	waitFor(t, "active", func() bool { return r.Stats().Active })
+	soon := e.commit(0, 3*time.Second)
+	later := e.commit(1, time.Hour)
+	before := e.record(0).Record.Expires
+	now := time.Now()
+	for i, loc := range []payload.Location{soon, later} {
+		e.publish(&events.Event{Kind: events.KindTouched, Tenant: tenant, Key: keyOf(i), Model: "m", Epoch: 1, Node: "w",
+			Time: now, Expires: now.Add(2 * time.Hour), Location: &loc})
+	}
+	waitFor(t, "the second touch applied (after the first: one loop)", func() bool { return r.Stats().Touches >= 1 })
+	if n := r.Stats().Touches; n != 1 {
+		t.Fatalf("%d touches applied, want 1 (the record 3 s from expiry was extended)", n)
+	}
+	if got := e.record(0).Record.Expires; !got.Equal(before) {
+		t.Fatalf("the record's expiry moved from %v to %v", before, got)
+	}
+}

@@ -30,6 +30,7 @@ type settings struct {
 	replicas      int
 	shards        int // 0: as the bucket records
 	leaseTTL      time.Duration
+	allowance     time.Duration // 0: lease.DefaultClockAllowance(leaseTTL)
 	markerTTL     time.Duration
 	opTimeout     time.Duration
 	node          string
@@ -104,6 +105,21 @@ func WithLeaseTTL(d time.Duration) Option {
 			return fmt.Errorf("%w: lease TTL must be >= 1s, got %v", ErrInvalidOption, d)
 		}
 		s.leaseTTL = d
+		return nil
+	}
+}
+
+// WithClockAllowance sets how far the clocks of the NATS servers and of
+// the processes may disagree, a step included (default: a fifth of the
+// lease TTL, at most 1s; at most half the lease TTL): the election lease's
+// deadlines, and a touch's (a record's expiry less this), come that much
+// early (docs/protocol.md 3.1).
+func WithClockAllowance(d time.Duration) Option {
+	return func(s *settings) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: clock allowance must be > 0, got %v", ErrInvalidOption, d)
+		}
+		s.allowance = d
 		return nil
 	}
 }

@@ -115,6 +115,12 @@ func New(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 			return nil, err
 		}
 	}
+	if s.allowance == 0 {
+		s.allowance = lease.DefaultClockAllowance(s.leaseTTL)
+	}
+	if s.allowance > s.leaseTTL/2 {
+		return nil, fmt.Errorf("%w: clock allowance %v over half the lease TTL %v", ErrInvalidOption, s.allowance, s.leaseTTL)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -208,7 +214,7 @@ func (r *Reconciler) ensureRepublish(ctx context.Context, b *lease.Bucket) {
 func (r *Reconciler) campaign(ctx context.Context, b *lease.Bucket) (*lease.Lease, error) {
 	now := time.Now()
 	rec := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: r.id, Nonce: r.id, Started: now, Heartbeat: now}
-	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock})
+	return lease.Acquire(ctx, b, ElectionKey, rec, lease.Config{TTL: r.s.leaseTTL, OpTimeout: r.s.opTimeout, Clock: r.s.clock, ClockAllowance: r.s.allowance})
 }
 
 // active reconciles until the lease is lost or ctx ends. It keeps nothing
@@ -453,11 +459,13 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 	if stale, err := b.Invalidated(octx, key, cur.Record); err != nil || stale {
 		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
 	}
-	// The record may expire at its own expiry (set when it was written,
-	// before it was sent): a touch answered after that may be wiped by the
-	// server's TTL marker, so it is not counted as applied, and one sent
-	// after it is not sent at all. The record then expires as unused.
-	deadline := cur.Record.Expires
+	// The record may expire at its own expiry (set by its writer's clock
+	// when it was written, before it was sent), less the clock allowance
+	// (the server expires it by its own clock): a touch answered after that
+	// may be wiped by the server's TTL marker, so it is not counted as
+	// applied, and one sent after it is not sent at all. The record then
+	// expires as unused.
+	deadline := cur.Record.Expires.Add(-r.s.allowance)
 	now := r.s.clock.Now()
 	ttl := e.Expires.Sub(now)
 	if !now.Before(deadline) || ttl < time.Second {

@@ -50,6 +50,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.IntVar(&o.Replicas, "replicas", 1, replicasHelp)
 	fs.IntVar(&o.LeaseShards, "lease-shards", 0, "KV buckets the lease keys spread over, when this process creates the bucket (0: as the bucket records; 1 for a new one)")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
+	fs.DurationVar(&o.ClockAllowance, "clock-allowance", 0, "how far the NATS servers' and processes' clocks may disagree (default: a fifth of --lease-ttl, at most 1s)")
 	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL (1s to 24h)")
 	m := &o.Mooncake
 	fs.StringVar(&m.MasterServerAddr, "mooncake-master", "", "--payload mooncake: the master server's address (host:port)")
