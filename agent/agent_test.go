@@ -624,8 +624,13 @@ func call(t *testing.T, hc *http.Client, path, name string, in any) (int, string
 func TestAnswersNameWhatTheyAnswer(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	c, hc := client(t, n), httpClient(t, n.socket)
-	ref := keyOf(t, c, "image-echo")
-	ref.Model, ref.WeightEpoch = "m", 7 // not zero: echoed, not left out
+	cfg := testConfigMap()
+	cfg["weight_epoch"] = 7 // not zero: echoed, not left out (a lookup names its key's config's labels)
+	k, err := c.Key(context.Background(), agent.KeyRequest{Config: configJSON(cfg), Mode: "raw-bytes", Data: []byte("image-echo")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := k.KeyRef
 	decode := func(status int, echoed, want string, body []byte, v any) {
 		t.Helper()
 		if status/100 != 2 || echoed != want {

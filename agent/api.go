@@ -3,7 +3,6 @@ package agent
 import (
 	"encoding/json"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 )
 
@@ -20,7 +19,10 @@ type KeyRequest struct {
 	BlockSize int             `json:"block_size,omitempty"` // tokens; 0: cachekey.DefaultTokenBlockSize
 }
 
-// KeyRef names a cached value: what lookups take.
+// KeyRef names a cached value: what lookups take. Model and WeightEpoch
+// are the labels of the key's config (model_id, weight_epoch), as the
+// key calls answer them: a lookup must name a model, and one of a key
+// the agent made must name its config's labels (else 400).
 type KeyRef struct {
 	Key         string `json:"key"` // 64 hex digits
 	Tenant      string `json:"tenant"`
@@ -167,20 +169,6 @@ type AgentStats struct {
 type Error struct {
 	Error string `json:"error"`
 	Code  string `json:"code"` // bad_request, not_found, conflict, unavailable, internal
-}
-
-// refOf reads a request's key reference; a malformed key or tenant is the
-// caller's error (a tenant was refused only by the coordinator, as an
-// internal error the Python client took for an outage).
-func refOf(k KeyRef) (coordinator.Ref, error) {
-	key, err := cachekey.Parse(k.Key)
-	if err != nil {
-		return coordinator.Ref{}, err
-	}
-	if err := cachekey.ValidateTenant(k.Tenant); err != nil {
-		return coordinator.Ref{}, err
-	}
-	return coordinator.Ref{Tenant: k.Tenant, Key: key, Model: k.Model, Epoch: k.WeightEpoch}, nil
 }
 
 // keyRefOf is ref as answers name it: the key the agent looked up, not the

@@ -6,8 +6,9 @@ import (
 	"github.com/embcache/embcache/cachekey"
 )
 
-// key answers a KeyRequest.
-func key(req KeyRequest) (KeyResponse, error) {
+// key answers a KeyRequest, and remembers the labels of the keys it
+// answers (keyed).
+func (s *Server) key(req KeyRequest) (KeyResponse, error) {
 	cfg, err := cachekey.DecodeConfig(req.Config)
 	if err != nil {
 		return KeyResponse{}, err
@@ -39,7 +40,9 @@ func key(req KeyRequest) (KeyResponse, error) {
 			for _, p := range prefixes {
 				resp.PrefixKeys = append(resp.PrefixKeys, p.String())
 			}
-			k, err = keyer.Tokens(bs, req.Tokens)
+			if k, err = keyer.Tokens(bs, req.Tokens); err == nil {
+				s.keyed(cfg, prefixes...)
+			}
 		}
 	default:
 		err = fmt.Errorf("mode %q: want %s, %s or %s", req.Mode, cachekey.ModeRawBytes, cachekey.ModeTensor, cachekey.ModeTokens)
@@ -47,6 +50,7 @@ func key(req KeyRequest) (KeyResponse, error) {
 	if err != nil {
 		return KeyResponse{}, err
 	}
+	s.keyed(cfg, k)
 	resp.KeyRef = KeyRef{Key: k.String(), Tenant: cfg.Tenant, Model: cfg.ModelID, WeightEpoch: cfg.WeightEpoch}
 	return resp, nil
 }

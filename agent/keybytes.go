@@ -133,6 +133,7 @@ func (s *Server) handleKeyBytes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := keyer.Config()
+	s.keyed(cfg, k)
 	reply(w, KeyResponse{Mode: mode, KeyRef: KeyRef{Key: k.String(), Tenant: cfg.Tenant, Model: cfg.ModelID, WeightEpoch: cfg.WeightEpoch}})
 }
 

@@ -120,7 +120,7 @@ func benchRemoteHit(b *testing.B, size int) {
 		b.StopTimer()
 		i++
 		key := cachekey.Key{byte(i), byte(i >> 8), byte(size >> 20)}
-		ref := coordinator.Ref{Tenant: "acme", Key: key}
+		ref := coordinator.Ref{Tenant: "acme", Key: key, Model: "m"}
 		if _, err := a.cache.GetOrCompute(ctx, "commit", ref, func(context.Context) (*payload.Value, error) {
 			return payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, data), nil
 		}); err != nil {
@@ -145,7 +145,7 @@ func benchRemoteHit(b *testing.B, size int) {
 		t1 := time.Now()
 		v.Close()
 		t2 := time.Now()
-		resp, err := bn.client.Lookup(ctx, agent.KeyRef{Key: key.String(), Tenant: "acme"}, "bench")
+		resp, err := bn.client.Lookup(ctx, agent.KeyRef{Key: key.String(), Tenant: "acme", Model: "m"}, "bench")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -76,6 +76,7 @@ type Server struct {
 	clients map[string]*clientPins // by client name
 
 	keyers *lru.Cache[string, *cachekey.Keyer] // by config JSON (POST /v1/key/bytes)
+	labels *lru.Cache[cachekey.Key, keyLabels] // of the keys this agent made, by key (refOf)
 
 	stored *lru.Cache[payload.ObjectID, storedFile] // what hit last found in the store
 
@@ -140,6 +141,7 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 	s.stored, _ = lru.New[payload.ObjectID, storedFile](1 << 16)
 	s.ended, _ = lru.New[string, error](1 << 14)
 	s.keyers, _ = lru.New[string, *cachekey.Keyer](256)
+	s.labels, _ = lru.New[cachekey.Key, keyLabels](keyLabelsKept)
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
@@ -345,7 +347,7 @@ func (s *Server) handleKey(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	resp, err := key(req)
+	resp, err := s.key(req)
 	if err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return
@@ -374,7 +376,7 @@ func (s *Server) lookupRequest(w http.ResponseWriter, r *http.Request) (LookupRe
 		s.fail(w, err)
 		return req, coordinator.Ref{}, false
 	}
-	ref, err := refOf(req.KeyRef)
+	ref, err := s.refOf(req.KeyRef)
 	if err != nil {
 		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
 		return req, coordinator.Ref{}, false

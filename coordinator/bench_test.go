@@ -38,7 +38,7 @@ func freshRef() Ref {
 		k[i] = byte(n >> (8 * i))
 	}
 	k[31] = 0xbe
-	return Ref{Tenant: "bench", Key: k}
+	return Ref{Tenant: "bench", Key: k, Model: "m", Epoch: 1}
 }
 
 // BenchmarkMiss: a cluster-wide miss (GetOrCompute of a new key with an
@@ -205,7 +205,6 @@ func BenchmarkRemoteHitTombstoneCheck(b *testing.B) {
 	c := newCache(b, srv.ClientURL(), store)
 	ctx := context.Background()
 	r := freshRef()
-	r.Model, r.Epoch = "m", 1
 	if _, err := c.GetOrCompute(ctx, "w", r, func(context.Context) (*payload.Value, error) { return embedding(1), nil }); err != nil {
 		b.Fatal(err)
 	}

@@ -37,7 +37,7 @@ const (
 	PathRemoteHit                 // pulled a value another process had committed
 	PathWaited                    // waited for another process to compute, then pulled
 	PathComputed                  // reserved the key and computed it
-	PathDegraded                  // computed locally, store unreachable: not shared
+	PathDegraded                  // computed locally, not shared: the store unreachable, or the key's record of other labels (docs/protocol.md 4.4)
 )
 
 // String returns the path's name as spans and metrics label it.
@@ -64,9 +64,9 @@ type Cache struct {
 	s     settings
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	local *localcache.Cache[payload.ObjectID, *payload.Value]
+	local *localcache.Cache[localKey, *payload.Value]
 	// expiries holds the record expiry of each value on its way into the
-	// local cache (payload.ObjectID -> copyExpiry), taken at its insertion:
+	// local cache (localKey -> copyExpiry), taken at its insertion:
 	// a local copy lives as long as its record (docs/protocol.md 4.3).
 	expiries sync.Map
 	router   *payload.Router
@@ -131,10 +131,10 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	c := &Cache{s: s, leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1)}
 	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
-	local, err := localcache.New[payload.ObjectID, *payload.Value](append([]localcache.Option{
+	local, err := localcache.New[localKey, *payload.Value](append([]localcache.Option{
 		localcache.WithComputeTimeout(s.computeTimeout),
 		localcache.WithExpiry(c.recordExpiry),
-		localcache.WithOnEvict(func(k payload.ObjectID, v *payload.Value, cause localcache.Cause) {
+		localcache.WithOnEvict(func(k localKey, v *payload.Value, cause localcache.Cause) {
 			v.Close()
 			c.obs.evicted(k, v, cause)
 		}),
@@ -290,6 +290,13 @@ func (c *Cache) GetOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 // while holders live. The value is pinned for req until Release(req), and
 // must not be written to.
 //
+// A Ref that does not validate (Ref.Validate: no model, a bad tenant) is
+// an error wrapping cachekey.ErrInvalidConfig, and fn does not run; a
+// tenant this Cache does not serve is ErrTenant. A record of the key
+// that carries other labels (model, epoch) than ref is never served to
+// it, nor taken over: fn computes ref's value without sharing it
+// (PathDegraded, counted in Stats.LabelConflicts; docs/protocol.md 4.4).
+//
 // A caller whose ctx ends returns ctx.Err() while the work goes on for
 // others; past the compute timeout, waiters get ErrComputeTimeout.
 // fn's error reaches every waiter and the key is released for a retry.
@@ -311,12 +318,12 @@ func (c *Cache) localHit(req string, ref Ref) (*payload.Value, bool, error) {
 	if err := c.validate(ref); err != nil {
 		return nil, false, err
 	}
-	obj := ref.Object()
-	v, ok, err := c.local.Get(req, obj)
+	k := ref.local()
+	v, ok, err := c.local.Get(req, k)
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	c.obs.localHit(obj)
+	c.obs.localHit(k)
 	return v, true, nil
 }
 
@@ -334,10 +341,9 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 	}
 	ctx, cancel := c.bind(ctx)
 	defer cancel()
-	obj := ref.Object()
 	var path atomic.Uint32
 	path.Store(uint32(PathCoalesced))
-	v, err = c.local.GetOrCompute(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+	v, err = c.local.GetOrCompute(ctx, req, ref.local(), func(cctx context.Context) (*payload.Value, error) {
 		// The flight runs on a goroutine of its own, for every caller
 		// that joins it: a request of its own, which Close ends too.
 		if err := c.enter(); err != nil {
@@ -399,6 +405,18 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				return nil, PathWaited, err
 			}
 			continue
+		}
+		if cur.Live && !ref.carries(cur.Record) {
+			// Not a value for this caller, computing or committed: the
+			// label rule (labels.go).
+			if c.purgeUnlabelled(ctx, b, key, cur) {
+				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
+					return nil, PathWaited, err
+				}
+				continue
+			}
+			w.stop()
+			return c.labelConflict(ctx, ref, fn, cur.Record)
 		}
 		switch {
 		case !cur.Live:
@@ -673,7 +691,7 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 		if end != nil && end() {
 			// An invalidation arrived while it computed: with no record
 			// to compare with its tombstone, it is not kept.
-			c.discard(r.ref.Object())
+			c.discard(r.ref.local())
 		}
 		return v, PathComputed, nil
 	}
@@ -699,7 +717,7 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 			c.dropInvalidated(ctx, b, r.ref, v, lease.Entry{Rev: r.Revision()})
 		}
 		if err != nil || stale {
-			c.discard(r.ref.Object())
+			c.discard(r.ref.local())
 		}
 	}
 	return v, PathComputed, nil
@@ -721,13 +739,19 @@ func (c *Cache) degraded(ctx context.Context, ref Ref, fn ComputeFunc, cause err
 	if c.s.mode == ModeStrict {
 		return nil, PathDegraded, fmt.Errorf("%w: %v", ErrStoreUnavailable, cause)
 	}
+	c.obs.degraded()
+	return c.computeUnshared(ctx, ref, fn)
+}
+
+// computeUnshared runs fn for ref without the store: its value is the
+// caller's and this process's (local cache), never the cluster's.
+func (c *Cache) computeUnshared(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	// Registered until its copy is noted, as a compute under a lease is:
 	// an invalidation that arrives meanwhile keeps it out of the local
 	// cache (docs/protocol.md 4.4).
 	if end := c.startCompute(ref, false); end != nil {
 		defer end()
 	}
-	c.obs.degraded()
 	computeStart := time.Now()
 	v, err := c.compute(ctx, fn)
 	c.obs.computed(ctx, time.Since(computeStart), err)
@@ -758,7 +782,9 @@ func (c *Cache) reserveToCompute(ctx context.Context, b *lease.Bucket, ref Ref) 
 // ErrLeaseLost that the reservation was acknowledged too late to trust
 // (try again); ErrClosed (wrapped) that the Cache was closed before or
 // meanwhile (the key was given back, or never taken); ErrTenant that this
-// Cache does not serve ref's tenant.
+// Cache does not serve ref's tenant; an error wrapping
+// cachekey.ErrInvalidConfig that ref does not validate (Ref.Validate: a
+// model is required). The record carries ref's labels.
 func (c *Cache) Reserve(ctx context.Context, ref Ref) (*Reservation, error) {
 	if err := c.enter(); err != nil {
 		return nil, err
@@ -812,7 +838,7 @@ func (c *Cache) reserve(ctx context.Context, b *lease.Bucket, ref Ref) (*Reserva
 
 // validate checks ref, and that this Cache serves its tenant.
 func (c *Cache) validate(ref Ref) error {
-	if err := ref.validate(); err != nil {
+	if err := ref.Validate(); err != nil {
 		return err
 	}
 	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, ref.Tenant) {
@@ -834,7 +860,7 @@ func (c *Cache) Release(req string) int { return c.local.Release(req) }
 // Drop removes this process's copy of ref (a copy found corrupt) and
 // reports whether there was one: the next request reads the record again.
 // Requests that hold the copy keep it until they release it.
-func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.Object()) }
+func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 
 // Close ends the Cache. It cancels the requests in flight
 // (GetOrCompute, Get, Reserve, a Reservation's Commit and Abandon,

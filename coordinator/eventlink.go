@@ -22,37 +22,29 @@ type eventLink struct {
 	interval time.Duration
 
 	mu        sync.Mutex
-	meta      map[payload.ObjectID]*valueMeta // values in the local cache; guarded by mu
-	computing map[computeKey]*computeMeta     // computes between their reservation and their value's meta; guarded by mu
+	meta      map[localKey]*valueMeta   // values in the local cache; guarded by mu
+	computing map[localKey]*computeMeta // computes between their reservation and their value's meta; guarded by mu
 
 	stop    chan struct{} // closed by close: ends tick
 	flushed chan struct{} // closed when tick has returned
 }
 
-// valueMeta is what the event link knows of a local value: what a touched
-// event needs, what an invalidation must find, and when the copy's record
-// is read again (its expiry, and whether it was hit since).
+// valueMeta is what the event link knows of a local value, besides its
+// key and labels (its localKey, which an invalidation matches): what a
+// touched event needs, and when the copy's record is read again (its
+// expiry, and whether it was hit since).
 type valueMeta struct {
 	value     *payload.Value // the copy it describes: a copy of the key evicted later (detached, released) forgets only its own
 	loc       payload.Location
-	model     string
-	epoch     uint64
 	lastTouch time.Time // when the last touched event was sent
 	lastUse   time.Time // the last hit; after lastTouch: a touch is owed
 	expires   time.Time // the copy's expiry: its record's, as last read
 	hit       bool      // a local hit since the copy was made or its record last read
 }
 
-// computeKey and computeMeta are the computes of this process that an
-// invalidation must find before their value has a valueMeta: from before
-// the reservation is sent until the value is published or the compute
-// ends without one.
-type computeKey struct {
-	obj   payload.ObjectID
-	model string
-	epoch uint64
-}
-
+// computeMeta is a compute of this process that an invalidation must
+// find before its value has a valueMeta: from before the reservation is
+// sent until the value is published or the compute ends without one.
 type computeMeta struct {
 	n           int  // computes registered under the key (a Reservation beside a flight)
 	invalidated bool // an invalidation of its model and epoch arrived meanwhile
@@ -71,7 +63,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		interval = min(c.s.storeTTL/4, time.Minute)
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
-		meta: make(map[payload.ObjectID]*valueMeta), computing: make(map[computeKey]*computeMeta),
+		meta: make(map[localKey]*valueMeta), computing: make(map[localKey]*computeMeta),
 		stop: make(chan struct{}), flushed: make(chan struct{})}
 	onBad := func(r events.BadReason) {
 		c.stats.eventsBad.Add(1)
@@ -121,7 +113,7 @@ func (l *eventLink) event(kind events.Kind, ref Ref) *events.Event {
 // published records a value this process committed, and announces it.
 func (l *eventLink) published(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, lastTouch: time.Now(), expires: expires}
+	l.meta[ref.local()] = &valueMeta{value: v, loc: loc, lastTouch: time.Now(), expires: expires}
 	l.mu.Unlock()
 	e := l.event(events.KindPublished, ref)
 	e.Location, e.Expires = &loc, expires
@@ -137,7 +129,7 @@ func (l *eventLink) published(ref Ref, v *payload.Value, loc payload.Location, e
 // meanwhile; call it after the value is noted (its valueMeta then covers
 // it), or when the compute ends without one.
 func (l *eventLink) startCompute(ref Ref, exact bool) (end func() (invalidated bool)) {
-	k := computeKey{obj: ref.Object(), model: ref.Model, epoch: ref.Epoch}
+	k := ref.local()
 	l.mu.Lock()
 	m := l.computing[k]
 	if m == nil {
@@ -170,22 +162,39 @@ func (l *eventLink) startCompute(ref Ref, exact bool) (end func() (invalidated b
 // that may end before that touch is applied (within two intervals) is
 // touched at once.
 func (l *eventLink) noteAt(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
-	m := &valueMeta{value: v, loc: loc, model: ref.Model, epoch: ref.Epoch, expires: expires}
+	m := &valueMeta{value: v, loc: loc, expires: expires}
 	if now := time.Now(); expires.Sub(now) > 2*l.interval {
 		m.lastTouch = now
 	}
 	l.mu.Lock()
-	l.meta[ref.Object()] = m
+	l.meta[ref.local()] = m
 	l.mu.Unlock()
 }
 
-// holds reports whether this process's copy of obj is of the bytes whose
-// checksum is sum (a copy computed again with other bytes is not).
-func (l *eventLink) holds(obj payload.ObjectID, sum payload.Checksum) bool {
+// holding returns the keys of this process's copies of e's value that
+// are of the bytes whose checksum is sum (a copy computed again with other
+// bytes is not). A copy of a record's bytes was pulled or committed under
+// that record's labels, which an eviction names: that copy alone, found
+// at once; an eviction that names no model (a notice of another's) is
+// looked for among every copy.
+func (l *eventLink) holding(e events.Event, sum payload.Checksum) []localKey {
+	obj := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.meta[obj]
-	return m != nil && m.loc.Transport != "" && m.loc.Checksum == sum
+	if e.Model != "" {
+		k := localKey{obj: obj, model: e.Model, epoch: e.Epoch}
+		if m := l.meta[k]; m != nil && m.loc.Transport != "" && m.loc.Checksum == sum {
+			return []localKey{k}
+		}
+		return nil
+	}
+	var keys []localKey
+	for k, m := range l.meta {
+		if k.obj == obj && m.loc.Transport != "" && m.loc.Checksum == sum {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // note records a value this process holds with no record (computed
@@ -193,7 +202,7 @@ func (l *eventLink) holds(obj payload.ObjectID, sum payload.Checksum) bool {
 // and epoch finds it; it has nothing to touch.
 func (l *eventLink) note(ref Ref, v *payload.Value) {
 	l.mu.Lock()
-	l.meta[ref.Object()] = &valueMeta{value: v, model: ref.Model, epoch: ref.Epoch}
+	l.meta[ref.local()] = &valueMeta{value: v}
 	l.mu.Unlock()
 }
 
@@ -204,10 +213,10 @@ func (l *eventLink) note(ref Ref, v *payload.Value) {
 // after its last touch.
 // A local hit (hit) also marks the copy in use, so it follows its record
 // past its expiry; a pull alone does not.
-func (l *eventLink) touched(obj payload.ObjectID, hit bool) {
+func (l *eventLink) touched(k localKey, hit bool) {
 	now := time.Now()
 	l.mu.Lock()
-	m := l.meta[obj]
+	m := l.meta[k]
 	if m == nil || m.loc.Transport == "" { // unknown, or no record to touch
 		l.mu.Unlock()
 		return
@@ -219,14 +228,14 @@ func (l *eventLink) touched(obj payload.ObjectID, hit bool) {
 		return
 	}
 	m.lastTouch = now
-	e := l.touchLocked(obj, m, now)
+	e := l.touchLocked(k, m, now)
 	l.mu.Unlock()
 	l.publishTouch(e)
 }
 
-// touchLocked is the touched event of obj's use at used.
-func (l *eventLink) touchLocked(obj payload.ObjectID, m *valueMeta, used time.Time) *events.Event {
-	e := l.event(events.KindTouched, Ref{Tenant: obj.Tenant, Key: obj.Key, Model: m.model, Epoch: m.epoch})
+// touchLocked is the touched event of k's use at used.
+func (l *eventLink) touchLocked(k localKey, m *valueMeta, used time.Time) *events.Event {
+	e := l.event(events.KindTouched, k.ref())
 	loc := m.loc
 	e.Location, e.Expires = &loc, used.Add(l.c.s.storeTTL)
 	return e
@@ -259,15 +268,15 @@ func (l *eventLink) tick() {
 		var due []copyDue
 		expired := false
 		l.mu.Lock()
-		for obj, m := range l.meta {
+		for k, m := range l.meta {
 			expired = expired || (!m.expires.IsZero() && now.After(m.expires))
 			if m.lastUse.After(m.lastTouch) && now.Sub(m.lastTouch) >= l.interval {
 				m.lastTouch = now
-				owed = append(owed, l.touchLocked(obj, m, m.lastUse))
+				owed = append(owed, l.touchLocked(k, m, m.lastUse))
 			}
 			if m.loc.Transport != "" && !m.expires.IsZero() && m.expires.Sub(now) < l.interval && m.hit {
 				m.hit = false
-				due = append(due, copyDue{obj: obj, checksum: m.loc.Checksum, expires: m.expires})
+				due = append(due, copyDue{key: k, checksum: m.loc.Checksum, expires: m.expires})
 			}
 		}
 		l.mu.Unlock()
@@ -300,10 +309,10 @@ func (l *eventLink) tick() {
 // refreshReaders is how many copies' records tick reads at once.
 const refreshReaders = 8
 
-// extended records that obj's copy now expires at expires.
-func (l *eventLink) extended(obj payload.ObjectID, expires time.Time) {
+// extended records that k's copy now expires at expires.
+func (l *eventLink) extended(k localKey, expires time.Time) {
 	l.mu.Lock()
-	if m := l.meta[obj]; m != nil && expires.After(m.expires) {
+	if m := l.meta[k]; m != nil && expires.After(m.expires) {
 		m.expires = expires
 	}
 	l.mu.Unlock()
@@ -316,10 +325,10 @@ func (l *eventLink) abandoned(ref Ref, cause error) {
 }
 
 // forget drops the metadata of a value that left the local cache.
-func (l *eventLink) forget(obj payload.ObjectID, v *payload.Value) {
+func (l *eventLink) forget(k localKey, v *payload.Value) {
 	l.mu.Lock()
-	if m := l.meta[obj]; m != nil && m.value == v {
-		delete(l.meta, obj)
+	if m := l.meta[k]; m != nil && m.value == v {
+		delete(l.meta, k)
 	}
 	l.mu.Unlock()
 }
@@ -340,12 +349,12 @@ func (l *eventLink) apply(e events.Event) {
 			// the new record's.
 			return
 		}
-		if l.holds(obj, e.Location.Checksum) {
-			cause := localcache.CauseStore
-			if e.Cause == events.CauseInvalidated {
-				cause = localcache.CauseInvalidated
-			}
-			c.local.Evict(obj, cause)
+		cause := localcache.CauseStore
+		if e.Cause == events.CauseInvalidated {
+			cause = localcache.CauseInvalidated
+		}
+		for _, k := range l.holding(e, e.Location.Checksum) {
+			c.local.Evict(k, cause)
 		}
 		// A payload found corrupt is its reader's to remove (its store
 		// did); a recompute may have put the value back under its name.
@@ -356,10 +365,12 @@ func (l *eventLink) apply(e events.Event) {
 		}
 	case events.KindInvalidated:
 		l.mu.Lock()
-		var stale []payload.ObjectID
-		for obj, m := range l.meta {
-			if obj.Tenant == e.Tenant && m.model == e.Model && m.epoch == e.Epoch {
-				stale = append(stale, obj)
+		// By the labels each copy was made under (its localKey), which
+		// are its record's (the label rule, docs/protocol.md 4.4).
+		var stale []localKey
+		for k := range l.meta {
+			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
+				stale = append(stale, k)
 			}
 		}
 		// A compute in progress is marked: one under a lease reads its
@@ -372,16 +383,16 @@ func (l *eventLink) apply(e events.Event) {
 			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
 				m.invalidated = true
 				if !m.exact {
-					stale = append(stale, k.obj)
+					stale = append(stale, k)
 				}
 			}
 		}
 		l.mu.Unlock()
-		set := make(map[payload.ObjectID]bool, len(stale))
-		for _, obj := range stale {
-			set[obj] = true
+		set := make(map[localKey]bool, len(stale))
+		for _, k := range stale {
+			set[k] = true
 		}
-		c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return set[k] }, localcache.CauseInvalidated)
+		c.local.Invalidate(func(k localKey, _ *payload.Value) bool { return set[k] }, localcache.CauseInvalidated)
 	}
 }
 

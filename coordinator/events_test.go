@@ -376,10 +376,10 @@ func TestInvalidationIsExact(t *testing.T) {
 	waitFor(t, func() bool { return rec.Stats().Invalidated == 2 && b.Stats().Local.Entries == 3 })
 	for name, r := range refs {
 		stale := name == "target1" || name == "target2"
-		if got := a.local.Contains(r.Object()); got == stale {
+		if got := a.local.Contains(r.local()); got == stale {
 			t.Errorf("%s: in a's cache = %v", name, got)
 		}
-		if got := b.local.Contains(r.Object()); got == stale {
+		if got := b.local.Contains(r.local()); got == stale {
 			t.Errorf("%s: in b's cache = %v", name, got)
 		}
 		if live := readRecord(t, a, r).Live; live == stale {

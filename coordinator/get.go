@@ -17,9 +17,12 @@ import (
 // key that is computing elsewhere, or not cached, is ErrNotCached at once,
 // so a caller that only looks does not hold up the process that will
 // compute it. A committed value that cannot be pulled is ErrNotCached too
-// (counted and logged; GetOrCompute recomputes it). Close cancels it, and
-// it is then an error wrapping ErrClosed, as is a call after Close has
-// begun.
+// (counted and logged; GetOrCompute recomputes it), and so is a record
+// that carries other labels (model, epoch) than ref: it is not ref's
+// value, and stays (docs/protocol.md 4.4). A Ref that does not validate
+// (Ref.Validate) is an error wrapping cachekey.ErrInvalidConfig. Close
+// cancels it, and it is then an error wrapping ErrClosed, as is a call
+// after Close has begun.
 func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, Path, error) {
 	if err := c.enter(); err != nil {
 		return nil, 0, err
@@ -43,7 +46,6 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 
 // get is Get past the local cache: a read of the record and a pull.
 func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, error) {
-	obj := ref.Object()
 	b := c.bucket()
 	if b == nil {
 		return nil, ErrStoreUnavailable
@@ -61,10 +63,14 @@ func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, e
 	if !cur.Live || cur.Record.State != lease.StateCommitted {
 		return nil, ErrNotCached
 	}
+	if !ref.carries(cur.Record) {
+		c.stats.labelConflicts.Add(1)
+		return nil, fmt.Errorf("%w: %w", ErrNotCached, labelConflictOf(ref, cur.Record))
+	}
 	// Through a flight of its own, so that concurrent gets share one pull;
 	// never through another's, which may be a compute (a wait). The
 	// flight is a request of its own, as GetOrCompute's is.
-	v, err := c.local.GetOrStart(ctx, req, obj, func(cctx context.Context) (*payload.Value, error) {
+	v, err := c.local.GetOrStart(ctx, req, ref.local(), func(cctx context.Context) (*payload.Value, error) {
 		if err := c.enter(); err != nil {
 			return nil, err
 		}
@@ -92,7 +98,7 @@ func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, e
 // a caller that knows the flight ends soon (the agent, for a commit it
 // has answered, until the value is stored).
 func (c *Cache) WaitFlight(ctx context.Context, ref Ref) error {
-	return c.local.Wait(ctx, ref.Object())
+	return c.local.Wait(ctx, ref.local())
 }
 
 // pull fetches a committed record's value through the payload plane
@@ -114,7 +120,7 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 	stale, err := c.invalidatedRecord(ctx, b, ref, rec)
 	if err != nil || stale {
 		v.Close()
-		c.obs.dropped(ref.Object(), v)
+		c.obs.dropped(ref.local(), v)
 		if err != nil {
 			return nil, &tombstoneError{err}
 		}

@@ -42,10 +42,10 @@ func (c *Cache) startCompute(ref Ref, exact bool) func() bool {
 	return nil
 }
 
-// discard keeps the value of obj being computed out of the local cache
+// discard keeps the value of k being computed out of the local cache
 // (its flight is marked; a copy already there goes too).
-func (c *Cache) discard(obj payload.ObjectID) {
-	c.local.Invalidate(func(k payload.ObjectID, _ *payload.Value) bool { return k == obj }, localcache.CauseInvalidated)
+func (c *Cache) discard(k localKey) {
+	c.local.Invalidate(func(lk localKey, _ *payload.Value) bool { return lk == k }, localcache.CauseInvalidated)
 }
 
 // errInvalidated is a pulled record refused (and purged) because its model

@@ -14,8 +14,8 @@ import (
 // recordExpiry is the local cache's WithExpiry: a value pulled or
 // committed expires with its record; any other (computed without the
 // store) slides.
-func (c *Cache) recordExpiry(obj payload.ObjectID, _ *payload.Value) (time.Time, bool) {
-	e, ok := c.expiries.LoadAndDelete(obj)
+func (c *Cache) recordExpiry(k localKey, _ *payload.Value) (time.Time, bool) {
+	e, ok := c.expiries.LoadAndDelete(k)
 	if !ok {
 		return time.Time{}, false
 	}
@@ -31,34 +31,37 @@ type copyExpiry struct {
 
 // copyDue is a local copy whose expiry is near: its record is read again.
 type copyDue struct {
-	obj      payload.ObjectID
+	key      localKey
 	checksum payload.Checksum // of the value the copy holds
 	expires  time.Time        // the copy's expiry
 }
 
 // refreshCopy reads the record of a copy in use before the copy expires:
 // a record extended (by the reconciler, applying touches) extends the
-// copy to the record's new expiry; a record gone, or naming other bytes,
-// takes the copy with it. A read that fails changes nothing: the copy
-// ends at its own expiry, which is at most its record's. So a copy never
-// outlives its record's expiry, and this process hears of a record only
-// when one of its copies is about to end (docs/protocol.md 4.3).
+// copy to the record's new expiry; a record gone, naming other bytes or
+// carrying other labels than the copy's, takes the copy with it. A read
+// that fails changes nothing: the copy ends at its own expiry, which is
+// at most its record's. So a copy never outlives its record's expiry,
+// and this process hears of a record only when one of its copies is
+// about to end (docs/protocol.md 4.3).
 func (c *Cache) refreshCopy(d copyDue) {
 	b := c.bucket()
 	if b == nil {
 		return
 	}
 	ctx, cancel := c.opContext(context.Background())
-	cur, err := b.Read(ctx, d.obj.Tenant+"."+d.obj.Key.String())
+	ref := d.key.ref()
+	cur, err := b.Read(ctx, ref.KVKey())
 	cancel()
 	switch {
 	case err != nil:
-	case !cur.Live || cur.Record.State != lease.StateCommitted || cur.Record.Checksum != d.checksum.String():
-		c.local.Evict(d.obj, localcache.CauseStore)
+	case !cur.Live || cur.Record.State != lease.StateCommitted || cur.Record.Checksum != d.checksum.String() ||
+		!ref.carries(cur.Record):
+		c.local.Evict(d.key, localcache.CauseStore)
 	case cur.Record.Expires.After(d.expires):
-		if c.local.Touch(d.obj, cur.Record.Expires) {
+		if c.local.Touch(d.key, cur.Record.Expires) {
 			if l := c.eventLink(); l != nil {
-				l.extended(d.obj, cur.Record.Expires)
+				l.extended(d.key, cur.Record.Expires)
 			}
 		}
 	}

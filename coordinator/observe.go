@@ -20,10 +20,10 @@ type observations struct {
 }
 
 // localHit: a request answered from this process's cache (a use).
-func (o observations) localHit(obj payload.ObjectID) {
+func (o observations) localHit(k localKey) {
 	o.c.stats.localHits.Add(1)
 	if l := o.c.eventLink(); l != nil {
-		l.touched(obj, true)
+		l.touched(k, true)
 	}
 }
 
@@ -90,7 +90,7 @@ func (o observations) lateWrite() { o.c.stats.lateWrites.Add(1) }
 // published: this process committed ref's value at loc, until expires;
 // its local copy lives as long.
 func (o observations) published(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
-	o.c.expiries.Store(ref.Object(), copyExpiry{v, expires})
+	o.c.expiries.Store(ref.local(), copyExpiry{v, expires})
 	if l := o.c.eventLink(); l != nil {
 		l.published(ref, v, loc, expires)
 	}
@@ -119,12 +119,12 @@ func (o observations) fetched(ref Ref, v *payload.Value, loc payload.Location, e
 
 // pulled: a fetched value is served: a remote hit, and a use.
 func (o observations) pulled(ctx context.Context, ref Ref, v *payload.Value, loc payload.Location, expires time.Time, took time.Duration) {
-	o.c.expiries.Store(ref.Object(), copyExpiry{v, expires})
+	o.c.expiries.Store(ref.local(), copyExpiry{v, expires})
 	o.c.stats.remoteHits.Add(1)
 	o.c.tel.pullBytes.Add(ctx, loc.Size)
 	o.c.tel.pullTime.Record(ctx, took.Seconds())
 	if l := o.c.eventLink(); l != nil {
-		l.touched(ref.Object(), false)
+		l.touched(ref.local(), false)
 	}
 }
 
@@ -136,17 +136,17 @@ func (o observations) pullFailed(ref Ref, loc payload.Location, err error) {
 		"location", loc.Object, "node", loc.Node, "err", err)
 }
 
-// dropped: this process will not keep v, a copy of obj (refused after
+// dropped: this process will not keep v, a copy of k (refused after
 // its fetch, its record invalidated, or evicted): forget what was noted
 // for it. Only for it: an older copy of the key, detached and released
 // after a newer one was noted, must not take the newer one's notes (an
 // invalidation would no longer find the newer copy).
-func (o observations) dropped(obj payload.ObjectID, v *payload.Value) {
-	if e, ok := o.c.expiries.Load(obj); ok && e.(copyExpiry).value == v {
-		o.c.expiries.CompareAndDelete(obj, e)
+func (o observations) dropped(k localKey, v *payload.Value) {
+	if e, ok := o.c.expiries.Load(k); ok && e.(copyExpiry).value == v {
+		o.c.expiries.CompareAndDelete(k, e)
 	}
 	if l := o.c.eventLink(); l != nil {
-		l.forget(obj, v)
+		l.forget(k, v)
 	}
 }
 
@@ -154,13 +154,13 @@ func (o observations) dropped(obj payload.ObjectID, v *payload.Value) {
 // came after its reservation; v is the copy made of it.
 func (o observations) invalidatedRecord(ref Ref, v *payload.Value) {
 	o.c.stats.invalidatedRecords.Add(1)
-	o.dropped(ref.Object(), v)
+	o.dropped(ref.local(), v)
 }
 
-// evicted: v, a copy of obj, left the local cache.
-func (o observations) evicted(obj payload.ObjectID, v *payload.Value, cause localcache.Cause) {
+// evicted: v, a copy of k, left the local cache.
+func (o observations) evicted(k localKey, v *payload.Value, cause localcache.Cause) {
 	o.c.tel.evicted(cause)
-	o.dropped(obj, v)
+	o.dropped(k, v)
 }
 
 // staleTakeover and badRecordPurged: a key freed from a record nobody

@@ -13,7 +13,7 @@ type counters struct {
 	degraded, leasesLost, commitsRefused, badRecords, payloadErrors  atomic.Uint64
 	touches, lateWrites, staleTakeovers, badRecordsPurged            atomic.Uint64
 	badRecordsWatched, eventsDecoded, eventsBad, invalidatedRecords  atomic.Uint64
-	payloadsSwept                                                    atomic.Uint64
+	payloadsSwept, labelConflicts                                    atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -51,6 +51,11 @@ type Stats struct {
 	// because an invalidation of their model and epoch came after their
 	// reservation (docs/protocol.md 4.4), and purged.
 	InvalidatedRecords uint64
+	// LabelConflicts counts requests whose key's record carried other
+	// labels (model, epoch) than their Ref: not served that record, they
+	// computed without sharing (GetOrCompute) or missed (Get). A caller
+	// that labels its keys wrong shows here (docs/protocol.md 4.4).
+	LabelConflicts uint64
 	// PayloadsSwept counts shm files this process removed because no
 	// committed record named them (WithPayloadSweep).
 	PayloadsSwept uint64
@@ -79,6 +84,7 @@ func (c *Cache) Stats() Stats {
 		BadRecordsPurged: c.stats.badRecordsPurged.Load(), BadRecordsWatched: c.stats.badRecordsWatched.Load(),
 		EventsDecoded: c.stats.eventsDecoded.Load(), EventsBad: c.stats.eventsBad.Load(),
 		InvalidatedRecords: c.stats.invalidatedRecords.Load(), PayloadsSwept: c.stats.payloadsSwept.Load(),
+		LabelConflicts: c.stats.labelConflicts.Load(),
 		StoreReachable: c.storeReachable(),
 		Local:          c.local.Stats(),
 	}

@@ -167,7 +167,7 @@ func TestTenantIsolation(t *testing.T) {
 	if err := a1.Invalidate(ctx, "acme", "m", 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return !a2.local.Contains(acmeRef.Object()) })
+	waitFor(t, func() bool { return !a2.local.Contains(acmeRef.local()) })
 	denied.Range(func(k, _ any) bool {
 		t.Errorf("a tenant cache's connection was refused: %s", k)
 		return true

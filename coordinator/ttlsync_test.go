@@ -54,15 +54,15 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 		}
 		c.Release("r")
 	}
-	if !b.local.Contains(target.Object()) || b.Stats().RemoteHits != 2 {
+	if !b.local.Contains(target.local()) || b.Stats().RemoteHits != 2 {
 		t.Fatalf("b did not pull: %+v", b.Stats())
 	}
 	oldLoc := *readRecord(t, a, target).Record.Location
 	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return !b.local.Contains(target.Object()) })
-	if !b.local.Contains(other.Object()) {
+	waitFor(t, func() bool { return !b.local.Contains(target.local()) })
+	if !b.local.Contains(other.local()) {
 		t.Fatal("another epoch's copy was dropped")
 	}
 
@@ -83,7 +83,7 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 	// node after d's copy is in: the copy is of other bytes, and stays.
 	d.eventLink().apply(events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: target.Key,
 		Cause: events.CauseInvalidated, Location: &oldLoc})
-	if !d.local.Contains(target.Object()) || d.Stats().Local.Evicted(localcache.CauseStore) != 0 {
+	if !d.local.Contains(target.local()) || d.Stats().Local.Evicted(localcache.CauseStore) != 0 {
 		t.Fatalf("the recomputed copy was dropped: %+v", d.Stats().Local)
 	}
 	// An eviction of its own record's bytes while the record names them is
@@ -91,7 +91,7 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 	newLoc := *readRecord(t, d, target).Record.Location
 	evictNew := events.Event{Kind: events.KindEvicted, Tenant: "acme", Key: target.Key, Cause: events.CauseExpired, Location: &newLoc}
 	d.eventLink().apply(evictNew)
-	if !d.local.Contains(target.Object()) {
+	if !d.local.Contains(target.local()) {
 		t.Fatal("an eviction of a record committed again took the copy")
 	}
 	if _, path, err := d.GetOrComputePath(ctx, "r", other, cnt.fn(2)); err != nil || path != PathRemoteHit {
@@ -132,7 +132,7 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 	expires := readRecord(t, a, ref(1)).Record.Expires
 	// b hits its copy as long as it has one: the hits do not extend it.
 	waitFor(t, func() bool {
-		if !b.local.Contains(ref(1).Object()) {
+		if !b.local.Contains(ref(1).local()) {
 			return true
 		}
 		b.localHit("hit", ref(1))
@@ -144,7 +144,7 @@ func TestLocalCopyEndsWithItsRecord(t *testing.T) {
 	}
 	waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live })
 	for _, c := range []*Cache{a, b} {
-		if c.local.Contains(ref(1).Object()) {
+		if c.local.Contains(ref(1).local()) {
 			t.Fatal("a copy outlived its record")
 		}
 		// Out of the index too (not only expired) once the watcher has
@@ -201,11 +201,11 @@ func TestTouchedCopyFollowsItsRecord(t *testing.T) {
 	if a.Stats().LocalHits == hits || a.Stats().RemoteHits != 0 {
 		t.Fatalf("a's copy did not follow its record: %+v", a.Stats())
 	}
-	if b.local.Contains(ref(1).Object()) {
+	if b.local.Contains(ref(1).local()) {
 		t.Fatal("b's unused copy outlived its first expiry")
 	}
 	// Unused, the record goes, and a's copy with it.
-	waitFor(t, func() bool { return !a.local.Contains(ref(1).Object()) })
+	waitFor(t, func() bool { return !a.local.Contains(ref(1).local()) })
 	if cnt.n[1].Load() != 1 {
 		t.Fatalf("%d computes", cnt.n[1].Load())
 	}
@@ -405,7 +405,7 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 			if late {
 				// Until its event arrives the copy is kept, as every copy of
 				// an invalidated value is (docs/protocol.md 4.4).
-				if !a.local.Contains(ref(1).Object()) {
+				if !a.local.Contains(ref(1).local()) {
 					t.Fatal("the event held back, yet the copy is not in the local cache: the late case is not tested")
 				}
 				a.eventLink().apply(events.Event{Kind: events.KindInvalidated, Tenant: "acme", Model: "m", Epoch: 1,
@@ -413,7 +413,7 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 			} else {
 				waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live })
 			}
-			if a.local.Contains(ref(1).Object()) {
+			if a.local.Contains(ref(1).local()) {
 				t.Fatal("a value computed across an invalidation is in the local cache after its event")
 			}
 			for _, c := range []*Cache{b, a} {
@@ -449,7 +449,7 @@ func TestComputeWithAnUnreadableTombstoneIsNotKept(t *testing.T) {
 	}
 	sameValue(t, v, 1)
 	a.Release("r")
-	if a.local.Contains(ref(1).Object()) {
+	if a.local.Contains(ref(1).local()) {
 		t.Fatal("a value whose tombstone could not be read is in the local cache")
 	}
 	if !readRecord(t, a, ref(1)).Live {
@@ -463,7 +463,7 @@ func computeMarked(c *Cache, r Ref) bool {
 	l := c.eventLink()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.computing[computeKey{obj: r.Object(), model: r.Model, epoch: r.Epoch}]
+	m := l.computing[r.local()]
 	return m != nil && m.invalidated
 }
 
@@ -476,7 +476,7 @@ func TestReleasedOldCopyKeepsTheNewCopysNotes(t *testing.T) {
 	a := eventCache(t, url, store)
 	b := eventCache(t, url, store) // invalidates: a hears each event once, from the stream
 	ctx := context.Background()
-	obj := ref(1).Object()
+	obj := ref(1).local()
 	var cnt counter
 	if _, err := a.GetOrCompute(ctx, "old", ref(1), cnt.fn(1)); err != nil { // pinned by "old"
 		t.Fatal(err)

@@ -134,7 +134,7 @@ func benchCoordOne(name string, replicas int, noSync bool, rounds int) ([]benchR
 			k[i] = byte(n >> (8 * i))
 		}
 		k[31] = byte(replicas)
-		return coordinator.Ref{Tenant: "bench", Key: k}
+		return coordinator.Ref{Tenant: "bench", Key: k, Model: "m"}
 	}
 	// A miss: reserve and commit a new key. On a new R3 cluster a leader
 	// change can make a commit's answer unknown, and the lease is given up
