@@ -61,10 +61,11 @@ func (p Path) String() string {
 
 // Cache is the cluster-wide get-or-compute facade. Safe for concurrent use.
 type Cache struct {
-	s     settings
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	local *localcache.Cache[localKey, *payload.Value]
+	s       settings
+	started time.Time // by the wall clock, which the event stream's leader's is compared with
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	local   *localcache.Cache[localKey, *payload.Value]
 	// expiries holds the record expiry of each value on its way into the
 	// local cache (localKey -> copyExpiry), taken at its insertion:
 	// a local copy lives as long as its record (docs/protocol.md 4.3).
@@ -118,6 +119,11 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.clockAllowance > s.leaseTTL/2 {
 		return nil, fmt.Errorf("%w: clock allowance %v over half the lease TTL %v", ErrInvalidOption, s.clockAllowance, s.leaseTTL)
 	}
+	if s.storeTTL <= 4*s.clockAllowance {
+		// A committed record is touched only until two allowances before
+		// its expiry (lease.Record.MayHaveExpired).
+		return nil, fmt.Errorf("%w: store TTL %v within four clock allowances (%v)", ErrInvalidOption, s.storeTTL, s.clockAllowance)
+	}
 	if s.router == nil {
 		mem := payload.NewMemoryStore(s.node, 0)
 		s.router, _ = payload.NewRouter(s.node, payload.TransportMemory, mem) // valid: every argument is set
@@ -128,7 +134,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.payloadSweep > 0 && s.router.NodeStore() == nil {
 		return nil, fmt.Errorf("%w: WithPayloadSweep needs a node store (payload.WithNodeStore)", ErrInvalidOption)
 	}
-	c := &Cache{s: s, leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1)}
+	c := &Cache{s: s, started: time.Now(), leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1)}
 	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
 	local, err := localcache.New[localKey, *payload.Value](append([]localcache.Option{
@@ -449,6 +455,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			if errors.Is(err, errInvalidated) {
 				continue // purged: compute it again
 			}
+			if errors.Is(err, errInvalidatedKept) {
+				return c.degraded(ctx, ref, fn, err) // not shared until the server removes it
+			}
 			var unread *tombstoneError
 			if errors.As(err, &unread) {
 				return c.degraded(ctx, ref, fn, err)
@@ -468,7 +477,12 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			if attempt >= 3 {
 				return c.degraded(ctx, ref, fn, err)
 			}
-			// Drop the record (if nobody changed it) so the key can be recomputed.
+			// Drop the record (if nobody changed it) so the key can be
+			// recomputed; one that may have expired is left to the server
+			// (3.1): its key is computed without sharing meanwhile.
+			if cur.Record.MayHaveExpired(c.s.clock.Now(), c.s.clockAllowance) {
+				return c.degraded(ctx, ref, fn, err)
+			}
 			octx, cancel := c.opContext(ctx)
 			err = b.PurgeFor(octx, key, cur.Rev, events.CauseCorrupt)
 			cancel()
@@ -714,7 +728,7 @@ func (c *Cache) computeUnder(ctx context.Context, r *Reservation, fn ComputeFunc
 	if b := c.bucket(); b != nil && invalidated {
 		stale, err := c.invalidatedRecord(ctx, b, r.ref, rec)
 		if err == nil && stale {
-			c.dropInvalidated(ctx, b, r.ref, v, lease.Entry{Rev: r.Revision()})
+			c.dropInvalidated(ctx, b, r.ref, v, lease.Entry{Rev: r.Revision(), Record: rec})
 		}
 		if err != nil || stale {
 			c.discard(r.ref.local())

@@ -8,6 +8,7 @@ import (
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // eventLink connects a Cache to the event stream: it publishes what this
@@ -55,7 +56,8 @@ type computeMeta struct {
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
-	if _, err := events.EnsureStream(ctx, c.js, c.s.replicas); err != nil {
+	stream, err := events.EnsureStream(ctx, c.js, c.s.replicas)
+	if err != nil {
 		return err
 	}
 	interval := c.s.touchInterval
@@ -78,8 +80,13 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	// touches are the reconciler's; an eviction reaches the writer's node
 	// alone, as a notice. Per tenant, the filter is in the consumer's
 	// create subject, which per-tenant permissions can allow.
+	// From this Cache's start (less the clock allowance: the leader stamps
+	// the events by its clock), not from now: a copy made while the link
+	// was not up (computed without the store, pulled or committed before
+	// it came up) hears of the invalidations published meanwhile too.
+	since := c.started.Add(-c.s.clockAllowance)
 	opts := events.SubscribeOptions{Tenants: c.s.tenants, Kinds: []events.Kind{events.KindInvalidated},
-		New: true, Logger: c.s.logger, OnBad: onBad}
+		Since: since, Logger: c.s.logger, OnBad: onBad}
 	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) error { handle(e); return nil })
 	if err != nil {
 		l.pub.Close(ctx)
@@ -96,7 +103,26 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	c.mu.Lock()
 	c.events = l
 	c.mu.Unlock()
+	// The stream may not hold every event since then: then no copy made so
+	// far can be proven current, and they go, and so do the flights in
+	// progress (their values are still their callers').
+	if !holdsSince(stream.CachedInfo(), since) {
+		c.local.Invalidate(func(localKey, *payload.Value) bool { return true }, localcache.CauseStore)
+	}
 	return nil
+}
+
+// holdsSince reports whether a stream of info holds every event it
+// stamped since since: it was made before, since is within its MaxAge, and
+// it has discarded none of them (it discards its oldest events only when
+// full: a stream near its MaxBytes whose oldest event is after since may
+// have).
+func holdsSince(info *jetstream.StreamInfo, since time.Time) bool {
+	if info == nil || info.Created.After(since) || time.Since(since) >= info.Config.MaxAge-time.Hour {
+		return false
+	}
+	full := info.Config.MaxBytes > 0 && info.State.Bytes >= uint64(info.Config.MaxBytes)/10*9
+	return !full || !info.State.FirstTime.After(since)
 }
 
 func (c *Cache) eventLink() *eventLink {
@@ -364,35 +390,31 @@ func (l *eventLink) apply(e events.Event) {
 			cancel()
 		}
 	case events.KindInvalidated:
-		l.mu.Lock()
-		// By the labels each copy was made under (its localKey), which
-		// are its record's (the label rule, docs/protocol.md 4.4).
-		var stale []localKey
-		for k := range l.meta {
-			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
-				stale = append(stale, k)
-			}
+		// Every copy in the local cache of the labels (its localKey, which
+		// are its record's: the label rule, docs/protocol.md 4.4), however
+		// it was made and whatever the link knew of it.
+		stale := func(k localKey) bool {
+			return k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch
 		}
-		// A compute in progress is marked: one under a lease reads its
+		// A compute in progress under a lease is marked: it reads its
 		// tombstone after the commit and drops its value if it is stale
 		// (computeUnder: the event may be older than its reservation, as
-		// is the invalidating process's own, applied twice); one without
-		// a lease has its flight discarded (its value stays out of the
-		// local cache).
+		// is the invalidating process's own, applied twice). Every other
+		// flight of the labels (a compute without a lease, a pull, one
+		// the link never heard of) is discarded: its value stays out of
+		// the local cache.
+		exact := map[localKey]bool{}
+		l.mu.Lock()
 		for k, m := range l.computing {
-			if k.obj.Tenant == e.Tenant && k.model == e.Model && k.epoch == e.Epoch {
+			if stale(k) {
 				m.invalidated = true
-				if !m.exact {
-					stale = append(stale, k)
-				}
+				exact[k] = m.exact
 			}
 		}
 		l.mu.Unlock()
-		set := make(map[localKey]bool, len(stale))
-		for _, k := range stale {
-			set[k] = true
-		}
-		c.local.Invalidate(func(k localKey, _ *payload.Value) bool { return set[k] }, localcache.CauseInvalidated)
+		c.local.Invalidate(func(k localKey, v *payload.Value) bool {
+			return stale(k) && (v != nil || !exact[k])
+		}, localcache.CauseInvalidated)
 	}
 }
 

@@ -104,7 +104,8 @@ func (c *Cache) WaitFlight(ctx context.Context, ref Ref) error {
 // pull fetches a committed record's value through the payload plane
 // (checksum verified), counting it; an error is counted and logged. A
 // record reserved before its model and epoch's invalidation is purged and
-// is errInvalidated; a tombstone that cannot be read is a *tombstoneError.
+// is errInvalidated (errInvalidatedKept, not purged, if it may have
+// expired); a tombstone that cannot be read is a *tombstoneError.
 // The check comes after the fetch and the note of the value's model and
 // epoch, so an invalidation is seen either here (its tombstone) or by the
 // event that will drop the copy (docs/protocol.md 4.4).
@@ -124,7 +125,9 @@ func (c *Cache) pull(ctx context.Context, b *lease.Bucket, ref Ref, cur lease.En
 		if err != nil {
 			return nil, &tombstoneError{err}
 		}
-		c.dropInvalidated(ctx, b, ref, v, cur)
+		if !c.dropInvalidated(ctx, b, ref, v, cur) {
+			return nil, errInvalidatedKept
+		}
 		return nil, errInvalidated
 	}
 	c.obs.pulled(ctx, ref, v, *rec.Location, rec.Expires, time.Since(start))

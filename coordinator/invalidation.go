@@ -52,6 +52,12 @@ func (c *Cache) discard(k localKey) {
 // and epoch were invalidated after its reservation.
 var errInvalidated = errors.New("coordinator: the record was invalidated after its reservation")
 
+// errInvalidatedKept is a pulled record refused because its model and
+// epoch were invalidated after its reservation, and left to the server
+// because it may have expired there (docs/protocol.md 3.1): its key is not
+// shared until it is gone.
+var errInvalidatedKept = errors.New("coordinator: the record was invalidated after its reservation, and may have expired: left to the server")
+
 // tombstoneError is a tombstone that could not be read: whether the record
 // is stale is unknown, so the value is not shared.
 type tombstoneError struct{ err error }
@@ -63,14 +69,20 @@ func (e *tombstoneError) Unwrap() error { return e.err }
 
 // dropInvalidated removes a committed record that an invalidation made
 // stale (if nobody changed it meanwhile), so the key is computed again,
-// and forgets what its pull noted for the local cache.
-func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, v *payload.Value, cur lease.Entry) {
+// and forgets what its pull noted for the local cache. A record that may
+// have expired on the server is left to it (docs/protocol.md 3.1; readers
+// refuse it meanwhile): false.
+func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, v *payload.Value, cur lease.Entry) bool {
 	c.obs.invalidatedRecord(ref, v)
+	if cur.Record.MayHaveExpired(c.s.clock.Now(), c.s.clockAllowance) {
+		return false
+	}
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
 	if err := b.PurgeFor(octx, ref.KVKey(), cur.Rev, events.CauseInvalidated); err != nil && !errors.Is(err, ErrLeaseLost) {
 		c.s.logger.Warn("embcache: invalidated record not purged", "key", ref.KVKey(), "err", err)
 	}
+	return true
 }
 
 // Invalidate declares every value of tenant computed by model at weight

@@ -98,8 +98,10 @@ func (o observations) published(ref Ref, v *payload.Value, loc payload.Location,
 
 // unshared: a value computed here that is not the cluster's copy (not
 // committed, or computed without the store): a later invalidation of its
-// model and epoch must still drop it.
+// model and epoch must still drop it. Its local copy lives a lease TTL from
+// now, however often it is hit: then the store is asked again.
 func (o observations) unshared(ref Ref, v *payload.Value) {
+	o.c.expiries.Store(ref.local(), copyExpiry{v, o.c.s.clock.Now().Add(o.c.s.leaseTTL)})
 	if l := o.c.eventLink(); l != nil {
 		l.note(ref, v)
 	}

@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -26,7 +27,12 @@ type SubscribeOptions struct {
 	// the reset), nor on a stream deleted and created again meanwhile (its
 	// sequences start again at 1). Events of the last newSkew before the
 	// subscription may come too.
-	New    bool
+	New bool
+	// Since, if set, starts an ordered consumer at the events the stream
+	// stamped at or after it (by the stream leader's clock): a subscriber
+	// that must hear every event since a time of its own passes that time
+	// less how far its clock may be ahead of the leader's. Not with New.
+	Since  time.Time
 	Logger *slog.Logger
 	// OnBad, if set, is called with the reason of each event skipped
 	// because it did not decode (metrics count them), before it is
@@ -96,6 +102,12 @@ func Subscribe(ctx context.Context, js jetstream.JetStream, opts SubscribeOption
 		})
 	} else {
 		cfg := jetstream.OrderedConsumerConfig{FilterSubjects: opts.filters(), DeliverPolicy: jetstream.DeliverAllPolicy}
+		if opts.New && !opts.Since.IsZero() {
+			return nil, errors.New("events: subscribe with New or Since, not both")
+		}
+		if since := opts.Since; !since.IsZero() {
+			cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+		}
 		if opts.New {
 			var st jetstream.Stream
 			if st, err = js.Stream(ctx, StreamName); err != nil {

@@ -82,3 +82,39 @@ func TestALateCreateIsNotPurged(t *testing.T) {
 		t.Fatalf("late %d, want 1", late)
 	}
 }
+
+// createBound records how long Acquire lets its create run (and resend a
+// write refused while another is in flight: Bucket.Create's whileInFlight).
+type createBound struct {
+	Store
+	left chan time.Duration
+}
+
+func (c createBound) Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error) {
+	if d, ok := ctx.Deadline(); ok {
+		c.left <- time.Until(d)
+	} else {
+		c.left <- -1
+	}
+	return c.Store.Create(ctx, key, r, ttl)
+}
+
+// TestACreateIsNotWaitedForPastItsDeadline: Acquire waits for its
+// create's answer, and resends it, only until the deadline (TTL less the
+// allowance): a create answered after it is ErrLate, and its record (left
+// to expire) would block the key for a whole TTL. (It waited until the TTL.)
+func TestACreateIsNotWaitedForPastItsDeadline(t *testing.T) {
+	f := newFixture(t, false)
+	st := createBound{f.b, make(chan time.Duration, 1)}
+	cfg := Config{TTL: 2 * time.Second, ClockAllowance: time.Second} // the system clock: the context's is real time too
+	rec := Record{V: RecordVersion, State: StateComputing, Owner: "test/1/x", Nonce: "n"}
+	l, err := Acquire(context.Background(), st, kvKey(40), rec, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Stop)
+	left := <-st.left
+	if want := cfg.TTL - cfg.ClockAllowance; left < 0 || left > want {
+		t.Fatalf("the create may run (and be resent) for %v, past its deadline (%v after it was sent)", left.Round(time.Millisecond), want)
+	}
+}

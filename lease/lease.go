@@ -183,10 +183,10 @@ func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (
 	if rec.State != StateComputing {
 		return nil, fmt.Errorf("%w: a lease is taken with a computing record, not %v", ErrBadRecord, rec.State)
 	}
-	// An answer after the TTL is worthless (ErrLate): neither wait for one
-	// nor send the create again (Bucket.Create resends a write refused
+	// An answer after the deadline is worthless (ErrLate): neither wait for
+	// one nor send the create again (Bucket.Create resends a write refused
 	// while another is in flight) past it.
-	octx, cancel := context.WithTimeout(ctx, min(cfg.OpTimeout, cfg.TTL))
+	octx, cancel := context.WithTimeout(ctx, min(cfg.OpTimeout, cfg.TTL-cfg.ClockAllowance))
 	sent := cfg.Clock.Now()
 	rev, err := b.Create(octx, key, rec, cfg.TTL)
 	cancel()

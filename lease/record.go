@@ -189,6 +189,16 @@ func (r Record) encode() ([]byte, error) {
 	return b, nil
 }
 
+// MayHaveExpired reports whether the committed record r may have expired
+// on the server at now (by any process's clock): its Expires, set by its
+// writer's clock, less two clock allowances (the writer's clock against
+// the server that stamped it, and that server's against the one that
+// expires it; docs/protocol.md 3.1). Nothing is written on such a record,
+// a purge included: its expiry marker would wipe what comes next.
+func (r Record) MayHaveExpired(now time.Time, allowance time.Duration) bool {
+	return !r.Expires.IsZero() && !now.Before(r.Expires.Add(-2*allowance))
+}
+
 // Committed returns r turned into the committed record of a value at loc,
 // expiring ttl after now.
 func (r Record) Committed(loc payload.Location, v *payload.Value, now time.Time, ttl time.Duration) Record {

@@ -460,12 +460,12 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
 	}
 	// The record may expire at its own expiry (set by its writer's clock
-	// when it was written, before it was sent), less the clock allowance
-	// (the server expires it by its own clock): a touch answered after that
-	// may be wiped by the server's TTL marker, so it is not counted as
-	// applied, and one sent after it is not sent at all. The record then
-	// expires as unused.
-	deadline := cur.Record.Expires.Add(-r.s.allowance)
+	// when it was written, before it was sent), less two clock allowances
+	// (lease.Record.MayHaveExpired): a touch answered after that may be
+	// wiped by the server's TTL marker, so it is not counted as applied,
+	// and one sent after it is not sent at all. The record then expires as
+	// unused.
+	deadline := cur.Record.Expires.Add(-2 * r.s.allowance)
 	now := r.s.clock.Now()
 	ttl := e.Expires.Sub(now)
 	if !now.Before(deadline) || ttl < time.Second {
@@ -752,6 +752,9 @@ func (r *Reconciler) invalidateShard(ctx context.Context, x *expirer, kv jetstre
 		}
 		stale := err == nil && cur.Live && cur.Record.State == lease.StateCommitted &&
 			cur.Record.Model == e.Model && cur.Record.Epoch == e.Epoch && cur.Record.Reserved < tomb
+		// One that may have expired is left to the server (docs/protocol.md
+		// 3.1): readers refuse it meanwhile, and its expiry is announced.
+		stale = stale && !cur.Record.MayHaveExpired(r.s.clock.Now(), r.s.allowance)
 		if stale {
 			switch err := b.PurgeFor(octx, key, cur.Rev, events.CauseInvalidated); {
 			case errors.Is(err, lease.ErrLost): // changed since the read: no longer that record

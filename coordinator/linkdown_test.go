@@ -1,0 +1,122 @@
+package coordinator
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// linkDown stops c's event link as if it had not come up yet: copies made
+// until linkUp are noted nowhere.
+func linkDown(t *testing.T, c *Cache) {
+	t.Helper()
+	l := c.eventLink()
+	if l == nil {
+		t.Fatal("no event link")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l.close(ctx)
+	c.mu.Lock()
+	c.events = nil
+	c.mu.Unlock()
+}
+
+// linkUp starts c's event link again, as its retry does.
+func linkUp(t *testing.T, c *Cache) {
+	t.Helper()
+	if err := c.startEvents(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCopiesMadeWhileTheLinkWasDownHearInvalidations: a copy made while
+// the event link was not up is found by an invalidation published before
+// the link came up (the link replays the stream's invalidations from the
+// Cache's start) and by one published after (an invalidation drops the
+// local copies of its labels, whatever the link knew of them). Both
+// copies were served for their record's whole life before.
+func TestCopiesMadeWhileTheLinkWasDownHearInvalidations(t *testing.T) {
+	url, store := memoryCluster(t)
+	b := eventCache(t, url, store)
+	waitFor(t, func() bool { return b.eventLink() != nil })
+	// The stream must be older than a's start less its clock allowance
+	// (200 ms at the 1 s lease), or a's link drops every copy at its start
+	// (holdsSince): a time to pass, not an order of goroutines.
+	made := time.Now()
+	waitFor(t, func() bool { return time.Since(made) > 300*time.Millisecond })
+	a := eventCache(t, url, store)
+	ctx := context.Background()
+	var cnt counter
+	first, second := ref(1), ref(2)
+	second.Epoch = 2
+	for _, r := range []Ref{first, second} {
+		if _, err := b.GetOrCompute(ctx, "b", r, cnt.fn(1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Release("b")
+
+	linkDown(t, a)
+	for _, r := range []Ref{first, second} {
+		if _, path, err := a.GetOrComputePath(ctx, "a", r, cnt.fn(1)); err != nil || path != PathRemoteHit {
+			t.Fatalf("a's copy of %v: %v %v", r, path, err)
+		}
+	}
+	a.Release("a")
+	if err := b.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	// Older than what a subscription from "now" replays (a second).
+	invalidated := time.Now()
+	waitFor(t, func() bool { return time.Since(invalidated) > 1500*time.Millisecond })
+	linkUp(t, a)
+	waitFor(t, func() bool { return !a.local.Contains(first.local()) })
+	if !a.local.Contains(second.local()) {
+		t.Fatal("a copy of another epoch was dropped")
+	}
+
+	if err := b.Invalidate(ctx, "acme", "m", 2); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return !a.local.Contains(second.local()) })
+}
+
+// TestAnUnsharedCopyLivesALeaseTTL: a value computed without sharing (here
+// the key's record carries other labels) is a local copy for one lease
+// TTL from its compute, however often it is hit; then the store is asked
+// again. (Its expiry slid on every hit: it was served for good.)
+func TestAnUnsharedCopyLivesALeaseTTL(t *testing.T) {
+	url, store := memoryCluster(t)
+	owner, other := newCache(t, url, store), newCache(t, url, store)
+	ctx := context.Background()
+	var cnt counter
+	r := ref(3)
+	if _, err := owner.GetOrCompute(ctx, "o", r, cnt.fn(3)); err != nil {
+		t.Fatal(err)
+	}
+	mislabelled := r
+	mislabelled.Epoch = 9
+	if _, path, err := other.GetOrComputePath(ctx, "x", mislabelled, cnt.fn(3)); err != nil || path != PathDegraded {
+		t.Fatalf("a compute under other labels: %v %v, want degraded", path, err)
+	}
+	other.Release("x")
+	computed := time.Now()
+	for {
+		_, path, err := other.GetOrComputePath(ctx, "x", mislabelled, cnt.fn(3))
+		other.Release("x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if path != PathLocalHit {
+			break // asked the store again
+		}
+		if time.Since(computed) > 5*time.Second { // five lease TTLs of hits
+			t.Fatal("the unshared copy is still served after five lease TTLs of hits")
+		}
+		time.Sleep(50 * time.Millisecond) // a hit every 50 ms: a sliding expiry never comes
+	}
+	if took := time.Since(computed); took < time.Second {
+		t.Fatalf("the unshared copy went after %v, before its lease TTL", took)
+	}
+}
