@@ -380,6 +380,9 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 	key := ref.KVKey()
 	w := waiter{}
 	defer w.stop()
+	// Before the first read: an invalidation whose event arrives after it
+	// refuses what this request pulls (heardSince).
+	invalidations := c.invalidationsHeard(ref)
 	var heard *lease.Change // a change the wait heard, taken instead of a read
 	for attempt := 0; ; attempt++ {
 		var cur lease.Entry
@@ -461,6 +464,15 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 			var unread *tombstoneError
 			if errors.As(err, &unread) {
 				return c.degraded(ctx, ref, fn, err)
+			}
+			if err == nil && c.invalidationsHeard(ref) != invalidations {
+				// An invalidation of its labels arrived since the record was
+				// read: whether the record is older than its tombstone, a
+				// lagging read may not tell. The caller's value is computed
+				// here, unshared.
+				v.Close()
+				c.obs.invalidatedRecord(ref, v)
+				return c.computeUnshared(ctx, ref, fn)
 			}
 			if err == nil {
 				if w.waited {

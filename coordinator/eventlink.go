@@ -25,6 +25,7 @@ type eventLink struct {
 	mu        sync.Mutex
 	meta      map[localKey]*valueMeta   // values in the local cache; guarded by mu
 	computing map[localKey]*computeMeta // computes between their reservation and their value's meta; guarded by mu
+	heard     map[labels]uint64         // invalidated events applied, by tenant, model and epoch; guarded by mu
 
 	stop    chan struct{} // closed by close: ends tick
 	flushed chan struct{} // closed when tick has returned
@@ -65,7 +66,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 		interval = min(c.s.storeTTL/4, time.Minute)
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
-		meta: make(map[localKey]*valueMeta), computing: make(map[localKey]*computeMeta),
+		meta: make(map[localKey]*valueMeta), computing: make(map[localKey]*computeMeta), heard: make(map[labels]uint64),
 		stop: make(chan struct{}), flushed: make(chan struct{})}
 	onBad := func(r events.BadReason) {
 		c.stats.eventsBad.Add(1)
@@ -123,6 +124,27 @@ func holdsSince(info *jetstream.StreamInfo, since time.Time) bool {
 	}
 	full := info.Config.MaxBytes > 0 && info.State.Bytes >= uint64(info.Config.MaxBytes)/10*9
 	return !full || !info.State.FirstTime.After(since)
+}
+
+// labels are what an invalidation names: a tenant's model and epoch.
+type labels struct {
+	tenant, model string
+	epoch         uint64
+}
+
+// invalidationsHeard is how many invalidated events of ref's labels this
+// process has applied, or -1 without an event link: a pull that read its
+// record after taking it serves its value only if it is unchanged (a
+// tombstone read from a lagging replica, in tenant mode, does not see an
+// invalidation whose event has already arrived).
+func (c *Cache) invalidationsHeard(ref Ref) int64 {
+	l := c.eventLink()
+	if l == nil {
+		return -1
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return int64(l.heard[labels{ref.Tenant, ref.Model, ref.Epoch}])
 }
 
 func (c *Cache) eventLink() *eventLink {
@@ -405,6 +427,7 @@ func (l *eventLink) apply(e events.Event) {
 		// the local cache.
 		exact := map[localKey]bool{}
 		l.mu.Lock()
+		l.heard[labels{e.Tenant, e.Model, e.Epoch}]++
 		for k, m := range l.computing {
 			if stale(k) {
 				m.invalidated = true

@@ -50,6 +50,7 @@ func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, e
 	if b == nil {
 		return nil, ErrStoreUnavailable
 	}
+	invalidations := c.invalidationsHeard(ref) // before the read, as resolve's
 	octx, cancel := c.opContext(ctx)
 	cur, err := b.Read(octx, ref.KVKey())
 	cancel()
@@ -78,6 +79,13 @@ func (c *Cache) get(ctx context.Context, req string, ref Ref) (*payload.Value, e
 		cctx, cancel := c.bind(cctx)
 		defer cancel()
 		v, err := c.pull(cctx, b, ref, cur)
+		if err == nil && c.invalidationsHeard(ref) != invalidations {
+			// An invalidation of its labels arrived since the record was
+			// read (resolve does the same).
+			v.Close()
+			c.obs.invalidatedRecord(ref, v)
+			return nil, errInvalidated
+		}
 		return v, closedErr(cctx, err)
 	})
 	if errors.Is(err, localcache.ErrInFlight) {

@@ -2,8 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/payload"
 )
 
 // linkDown stops c's event link as if it had not come up yet: copies made
@@ -118,5 +122,53 @@ func TestAnUnsharedCopyLivesALeaseTTL(t *testing.T) {
 	}
 	if took := time.Since(computed); took < time.Second {
 		t.Fatalf("the unshared copy went after %v, before its lease TTL", took)
+	}
+}
+
+// hookedPull is a payload transport that runs onGet while a pull is under
+// way (after the record was read, before the value arrives).
+type hookedPull struct {
+	*payload.MemoryStore
+	onGet func()
+}
+
+func (h hookedPull) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
+	h.onGet()
+	return h.MemoryStore.Get(ctx, loc)
+}
+
+// TestAnInvalidationHeardDuringAPullRefusesItsValue: an invalidated event
+// of the caller's labels that arrives after the record was read refuses
+// the value pulled, even when the tombstone read that follows the pull
+// does not show the invalidation (here there is no tombstone: in tenant
+// mode the read is a direct get, which a lagging replica answers).
+// GetOrCompute computes its own value, unshared; Get misses. (The value
+// was served, and kept as a copy.)
+func TestAnInvalidationHeardDuringAPullRefusesItsValue(t *testing.T) {
+	url, store := memoryCluster(t)
+	writer := eventCache(t, url, store)
+	ctx := context.Background()
+	var cnt counter
+	for _, i := range []int{4, 5} {
+		if _, err := writer.GetOrCompute(ctx, "w", ref(i), cnt.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writer.Release("w")
+	var reader *Cache
+	heard := func() {
+		reader.eventLink().apply(events.Event{Kind: events.KindInvalidated, Tenant: "acme", Model: "m", Epoch: 1,
+			Key: events.InvalidationKey("m", 1)})
+	}
+	reader = eventCache(t, url, hookedPull{store, heard}, WithTenants("acme"))
+	waitFor(t, func() bool { return reader.eventLink() != nil })
+	if _, path, err := reader.GetOrComputePath(ctx, "r", ref(4), cnt.fn(4)); err != nil || path != PathDegraded {
+		t.Fatalf("a pull during which an invalidation arrived: %v %v, want its own value (degraded)", path, err)
+	}
+	if _, _, err := reader.Get(ctx, "g", ref(5)); !errors.Is(err, ErrNotCached) {
+		t.Fatalf("Get, an invalidation arriving during its pull: %v, want ErrNotCached", err)
+	}
+	if reader.local.Contains(ref(5).local()) {
+		t.Fatal("the refused pull left a copy")
 	}
 }
