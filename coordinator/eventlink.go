@@ -81,11 +81,11 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	// touches are the reconciler's; an eviction reaches the writer's node
 	// alone, as a notice. Per tenant, the filter is in the consumer's
 	// create subject, which per-tenant permissions can allow.
-	// From this Cache's start (less the clock allowance: the leader stamps
+	// From this Cache's start (less two clock allowances: the leader stamps
 	// the events by its clock), not from now: a copy made while the link
 	// was not up (computed without the store, pulled or committed before
 	// it came up) hears of the invalidations published meanwhile too.
-	since := c.started.Add(-c.s.clockAllowance)
+	since := c.started.Add(-2 * c.s.clockAllowance) // this clock against the leader's: two allowances (3.1)
 	opts := events.SubscribeOptions{Tenants: c.s.tenants, Kinds: []events.Kind{events.KindInvalidated},
 		Since: since, Logger: c.s.logger, OnBad: onBad}
 	sub, err := events.Subscribe(ctx, c.js, opts, func(e events.Event) error { handle(e); return nil })
@@ -109,8 +109,22 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	// progress (their values are still their callers').
 	if !holdsSince(stream.CachedInfo(), since) {
 		c.local.Invalidate(func(localKey, *payload.Value) bool { return true }, localcache.CauseStore)
+		return nil
 	}
+	// A copy made before the link came up is unknown to it (no notes): its
+	// hits would send no touch and its record would not be read before it
+	// ends. It goes, and is pulled again, with its notes; a flight in
+	// progress is left to the replay.
+	c.local.Invalidate(func(k localKey, v *payload.Value) bool { return v != nil && !l.notes(k, v) }, localcache.CauseStore)
 	return nil
+}
+
+// notes reports whether the link has notes of v, the copy of k.
+func (l *eventLink) notes(k localKey, v *payload.Value) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.meta[k]
+	return m != nil && m.value == v
 }
 
 // holdsSince reports whether a stream of info holds every event it

@@ -72,10 +72,10 @@ func TestInvalidationWithoutReconciler(t *testing.T) {
 		t.Fatalf("Get of an invalidated value: %v", err)
 	}
 	// The new weights give the key other bytes (embedding 9). d starts
-	// after its link's replay (from its start, less the 200 ms allowance)
+	// after its link's replay (from its start, less two 200 ms allowances)
 	// would bring the invalidation: a time to pass, not an order.
 	invalidated := time.Now()
-	waitFor(t, func() bool { return time.Since(invalidated) > 300*time.Millisecond })
+	waitFor(t, func() bool { return time.Since(invalidated) > 600*time.Millisecond })
 	d := eventCache(t, url, store)
 	v, path, err := d.GetOrComputePath(ctx, "r", target, cnt.fn(9))
 	if err != nil || path != PathComputed {
