@@ -57,7 +57,7 @@ type computeMeta struct {
 }
 
 func (c *Cache) startEvents(ctx context.Context) error {
-	stream, err := events.EnsureStream(ctx, c.js, c.s.replicas)
+	stream, err := c.ensureEventStream(ctx)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ type settings struct {
 	tenants        []string // served tenants; nil: all (then the user needs bucket-wide permissions)
 	events         bool
 	touchInterval  time.Duration
-	eventReplicas  int
+	eventsMaxBytes int64 // the event stream's MaxBytes when this Cache creates it (0: the default)
 	clock          Clock
 	leaseStore     func(lease.Store) lease.Store // test hook: what the leases write and read through (default: the bucket)
 	observer       Observer
@@ -290,6 +290,22 @@ func WithEvents(touchInterval time.Duration) Option {
 			return fmt.Errorf("%w: touch interval %v", ErrInvalidOption, touchInterval)
 		}
 		s.events, s.touchInterval = true, touchInterval
+		return nil
+	}
+}
+
+// WithEventsMaxBytes sets the event stream's MaxBytes when this Cache
+// creates it (events.MinMaxBytes or more; default events.DefaultMaxBytes):
+// the first process of a cluster may be a worker. An existing stream keeps
+// its own: only the operator's process changes it (the reconciler's,
+// serve --events-max-bytes); a Cache given another limit says so in its
+// log. docs/scaling.md says how to size it.
+func WithEventsMaxBytes(n int64) Option {
+	return func(s *settings) error {
+		if err := (events.StreamConfig{MaxBytes: n}).Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+		s.eventsMaxBytes = n
 		return nil
 	}
 }

@@ -10,7 +10,8 @@
 // version; an event that does not decode is counted and skipped.
 //
 // The stream keeps the last event of each subject, for longer than any
-// value lives, so replaying it from the start rebuilds every live entry:
+// value lives and within its MaxBytes (StreamConfig; docs/scaling.md sizes
+// it), so replaying it from the start rebuilds every live entry:
 // State.Apply is that fold. Publisher is the bounded asynchronous publisher
 // the hot path uses; Subscribe consumes with filters.
 package events

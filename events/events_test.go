@@ -32,7 +32,7 @@ func server(t testing.TB) (*embedded.Server, *nats.Conn, jetstream.JetStream) {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	if _, err := EnsureStream(context.Background(), js, 1); err != nil {
+	if _, err := EnsureStream(context.Background(), js, StreamConfig{Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	return srv, nc, js
@@ -508,7 +508,7 @@ func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
 	// stream", err_code 10049, once in a fresh clone's make test), and is
 	// tried again.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, err := EnsureStream(ctx, js, 1)
+		_, err := EnsureStream(ctx, js, StreamConfig{Replicas: 1})
 		if err == nil {
 			break
 		}

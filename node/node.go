@@ -278,7 +278,7 @@ func (n *Node) jetStreamAnswers(ctx context.Context) error {
 	if _, err := js.AccountInfo(ctx); err != nil || n.opts.NoEvents {
 		return err
 	}
-	_, err = events.EnsureStream(ctx, js, n.opts.Replicas)
+	_, err = events.EnsureStream(ctx, js, events.StreamConfig{Replicas: n.opts.Replicas, MaxBytes: n.opts.EventsMaxBytes})
 	return err
 }
 

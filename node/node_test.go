@@ -213,6 +213,8 @@ func TestInvalidOptions(t *testing.T) {
 		{"listen with shm", node.Options{NATSURL: "nats://x", Name: "n", Payload: node.PayloadShm, PayloadListen: ":0"}},
 		{"negative shm budget", node.Options{NATSURL: "nats://x", Name: "n", ShmMaxBytes: -1}},
 		{"reconciler without events", node.Options{NATSURL: "nats://x", Name: "n", Reconciler: true, NoEvents: true}},
+		{"negative events max bytes", node.Options{NATSURL: "nats://x", Name: "n", EventsMaxBytes: -1}},
+		{"events max bytes under 1 MiB", node.Options{NATSURL: "nats://x", Name: "n", EventsMaxBytes: 1000}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := node.New(tc.o); !errors.Is(err, node.ErrInvalidOption) {
@@ -251,6 +253,40 @@ func TestReconcilerWithoutCache(t *testing.T) {
 		t.Fatalf("event stream: %v", err)
 	}
 	waitFor(t, "elected", func() bool { return n.Reconciler().Stats().Active })
+}
+
+// TestTheEventStreamTakesTheNodesLimit: a node that creates the event
+// stream gives it EventsMaxBytes; a node's reconciler (the operator's)
+// gives it to an existing one. (It was 1 GiB whatever the cluster: issue
+// 33, item 9.)
+func TestTheEventStreamTakesTheNodesLimit(t *testing.T) {
+	srv := startServer(t)
+	o := node.Options{NATSURL: srv.ClientURL(), LeaseTTL: time.Second, NoCache: true, Logger: quiet}
+	a, b := o, o
+	a.Name, a.ShmDir, a.EventsMaxBytes = "a", t.TempDir(), 3<<20
+	b.Name, b.ShmDir, b.EventsMaxBytes, b.Reconciler = "b", t.TempDir(), 5<<20, true
+	na := startNode(t, a)
+	js, err := jetstream.New(na.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxBytes := func() int64 {
+		s, err := js.Stream(context.Background(), events.StreamName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Config.MaxBytes
+	}
+	if got := maxBytes(); got != 3<<20 {
+		t.Fatalf("created with max bytes %d, want %d", got, 3<<20)
+	}
+	nb := startNode(t, b)
+	waitFor(t, "b elected", func() bool { return nb.Reconciler().Stats().Active })
+	waitFor(t, "the reconciler's limit", func() bool { return maxBytes() == 5<<20 })
 }
 
 // TestCloseStopsTheReconciler: Close returns after the reconciler's Run,

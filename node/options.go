@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/embcache/embcache/reconciler"
@@ -81,6 +82,12 @@ type Options struct {
 	StoreTTL       time.Duration // committed record TTL (0: the coordinator's default)
 	PayloadSweep   time.Duration // shm sweep interval (0: the coordinator's default; < 0: never)
 	NoEvents       bool          // run without the event stream (it is on by default)
+	// EventsMaxBytes is the event stream's MaxBytes (events.MinMaxBytes or
+	// more; 0: events.DefaultMaxBytes for a stream this node creates, and
+	// an existing one's own). The node creates the stream with it; its
+	// reconciler, the operator's process, gives it to an existing stream
+	// too (docs/scaling.md says how to size it).
+	EventsMaxBytes int64
 
 	// Reconciler runs a reconciler on this node from Start to Close: one
 	// in the cluster is active, the others stand by. It needs the event
@@ -155,6 +162,9 @@ func (o *Options) Validate() error {
 	default:
 		return fmt.Errorf("%w: payload %q (want %s, %s or %s)", ErrInvalidOption, o.Payload, PayloadShm, PayloadHTTP, PayloadMooncake)
 	}
+	if err := (events.StreamConfig{MaxBytes: o.EventsMaxBytes}).Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
 	if o.Reconciler && o.NoEvents {
 		return fmt.Errorf("%w: a reconciler needs the event stream (NoEvents)", ErrInvalidOption)
 	}
@@ -205,6 +215,9 @@ func (o *Options) cacheOptions() []coordinator.Option {
 	if !o.NoEvents {
 		opts = append(opts, coordinator.WithEvents(0))
 	}
+	if o.EventsMaxBytes != 0 {
+		opts = append(opts, coordinator.WithEventsMaxBytes(o.EventsMaxBytes))
+	}
 	return opts
 }
 
@@ -228,6 +241,12 @@ func (o *Options) reconcilerOptions() []reconciler.Option {
 	}
 	if o.MeterProvider != nil {
 		opts = append(opts, reconciler.WithMeterProvider(o.MeterProvider))
+	}
+	if o.EventsMaxBytes != 0 {
+		opts = append(opts, reconciler.WithEventsMaxBytes(o.EventsMaxBytes))
+	}
+	if o.StoreTTL != 0 {
+		opts = append(opts, reconciler.WithStoreTTL(o.StoreTTL))
 	}
 	return opts
 }

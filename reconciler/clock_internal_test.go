@@ -21,7 +21,7 @@ func TestAnInvalidationPurgesNothingWithinTheAllowanceOfItsExpiry(t *testing.T) 
 	ctx := context.Background()
 	b, newReconciler := trackerWorld(t, 1, WithLeaseTTL(10*time.Second), WithClockAllowance(5*time.Second))
 	r := newReconciler()
-	evs, err := events.EnsureStream(ctx, r.js, 1)
+	evs, err := events.EnsureStream(ctx, r.js, events.StreamConfig{Replicas: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

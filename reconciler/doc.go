@@ -15,4 +15,11 @@
 // last events when its record goes; only after a gap longer than the
 // bucket's marker TTL (or at the first start) does it sweep every value
 // the events know, once (docs/protocol.md 4.6).
+//
+// An event can be missing (a publish the stream never stored, or one it
+// discarded at its MaxBytes): it looks at the stream's state every minute,
+// counts what the stream discards that it needs, and every half store TTL
+// (and after such discards) reads the committed records themselves and
+// publishes the location of each the stream holds no event of
+// (docs/protocol.md 4.6, "Locations from the bucket").
 package reconciler

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"go.opentelemetry.io/otel/metric"
@@ -38,6 +39,10 @@ type settings struct {
 	logger        *slog.Logger
 	meterProvider metric.MeterProvider
 	clock         lease.Clock
+	stream        events.StreamConfig // the event stream's: its replicas are replicas'
+	storeTTL      time.Duration       // the longest store TTL the workers use
+	restoreEvery  time.Duration       // 0: half the store TTL; < 0: only when the stream discards
+	checkEvery    time.Duration       // how often the stream's state is read
 }
 
 func defaults() settings {
@@ -46,7 +51,8 @@ func defaults() settings {
 		host = "node"
 	}
 	return settings{bucket: lease.DefaultBucket, replicas: 1, leaseTTL: 5 * time.Second, markerTTL: time.Minute,
-		opTimeout: 2 * time.Second, node: host, deleters: map[string]Deleter{}, logger: slog.Default(), clock: lease.SystemClock{}}
+		opTimeout: 2 * time.Second, node: host, deleters: map[string]Deleter{}, logger: slog.Default(), clock: lease.SystemClock{},
+		storeTTL: time.Hour, checkEvery: time.Minute}
 }
 
 // WithNode names the node the reconciler runs on (default: the host
@@ -174,6 +180,56 @@ func WithClock(c lease.Clock) Option {
 			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
 		}
 		s.clock = c
+		return nil
+	}
+}
+
+// WithEventsMaxBytes sets the event stream's MaxBytes (events.MinMaxBytes
+// or more): the reconciler creates the stream with it, and gives it to an
+// existing stream that has another when it becomes active (its process is
+// the operator's, which may update the stream; docs/scaling.md says how
+// to size it). Without it, a new stream gets events.DefaultMaxBytes and an
+// existing one keeps its own.
+func WithEventsMaxBytes(n int64) Option {
+	return func(s *settings) error {
+		if err := (events.StreamConfig{MaxBytes: n}).Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+		}
+		s.stream.MaxBytes = n
+		return nil
+	}
+}
+
+// WithStoreTTL tells the reconciler the longest store TTL the cluster's
+// workers use (default 1h, theirs; 1s to events.MaxStoreTTL): a live
+// value's last event is younger than that, so the stream discarding
+// events younger than it (and a touch interval and a marker TTL) may
+// lose a live value's location, which the reconciler then counts and
+// restores from the bucket.
+func WithStoreTTL(d time.Duration) Option {
+	return func(s *settings) error {
+		if d < time.Second || d > events.MaxStoreTTL {
+			return fmt.Errorf("%w: store TTL must be 1s to %v, got %v", ErrInvalidOption, events.MaxStoreTTL, d)
+		}
+		s.storeTTL = d
+		return nil
+	}
+}
+
+// WithRestoreEvery sets how often the active reconciler reads every
+// committed record of the bucket and publishes the location of each the
+// event stream has no event of (a published event lost, or discarded by
+// the stream's limit): default half the store TTL (WithStoreTTL), so that
+// such a value is found while its record lives. A negative d restores
+// only when the stream is found discarding events a live value may need.
+// Each pass reads every record and the last three events of each
+// (docs/scaling.md: about 8,000 records a second).
+func WithRestoreEvery(d time.Duration) Option {
+	return func(s *settings) error {
+		if d == 0 {
+			return fmt.Errorf("%w: restore interval 0 (a negative one restores only after discards)", ErrInvalidOption)
+		}
+		s.restoreEvery = d
 		return nil
 	}
 }

@@ -42,9 +42,10 @@ type Reconciler struct {
 }
 
 type counters struct {
-	elected atomic.Uint64
-	actions [numActions]atomic.Uint64
-	active  atomic.Bool
+	elected  atomic.Uint64
+	actions  [numActions]atomic.Uint64
+	discards [numDiscards]atomic.Uint64
+	active   atomic.Bool
 }
 
 // action is something the active reconciler does: its Stats and the
@@ -62,11 +63,13 @@ const (
 	actionMoveLeader                    // a lease shard's leader asked to move to a server that leads fewer
 	actionForeignLocation               // an eviction not announced: the record named another key's payload
 	actionPurgeBad                      // a bad record at a value's key, older than a lease TTL, purged
+	actionRestore                       // a committed record's location, which the event stream had no event of, published from the bucket
+	actionRestoreSweep                  // a pass over the bucket's committed records for their locations, done
 	numActions
 )
 
 var actionNames = [numActions]string{"extend", "late_extend", "expire", "invalidate", "delete_payload", "sweep", "move_leader", "foreign_location",
-	"purge_bad"}
+	"purge_bad", "restore", "restore_sweep"}
 
 // String returns the action's name as the metrics label it.
 func (a action) String() string {
@@ -100,7 +103,19 @@ type Stats struct {
 	// (or held a state such a key does not hold), purged once older than a
 	// lease TTL.
 	BadRecordsPurged uint64
-	Active           bool
+	// Restored counts committed records whose location the event stream
+	// held no event of (a published event lost, or discarded by the
+	// stream's limit), published again from the bucket; RestoreSweeps the
+	// passes over the bucket that looked for them, finished.
+	Restored      uint64
+	RestoreSweeps uint64
+	// DiscardingLive counts the looks at the event stream that found it
+	// discarding events a live value may need (at its MaxBytes, its oldest
+	// event younger than a store TTL); DiscardedUnread the terms that
+	// started with events the reconciler had not read discarded.
+	DiscardingLive  uint64
+	DiscardedUnread uint64
+	Active          bool
 }
 
 // New returns a reconciler over nc (which the caller keeps and closes).
@@ -142,7 +157,10 @@ func (r *Reconciler) Stats() Stats {
 	return Stats{Elected: r.stats.elected.Load(), Touches: n(actionExtend), LateTouches: n(actionLateExtend),
 		Expired: n(actionExpire), Invalidated: n(actionInvalidate),
 		PayloadDeletes: n(actionDeletePayload), Sweeps: n(actionSweep), LeaderMoves: n(actionMoveLeader),
-		ForeignLocations: n(actionForeignLocation), BadRecordsPurged: n(actionPurgeBad), Active: r.stats.active.Load()}
+		ForeignLocations: n(actionForeignLocation), BadRecordsPurged: n(actionPurgeBad),
+		Restored: n(actionRestore), RestoreSweeps: n(actionRestoreSweep),
+		DiscardingLive: r.stats.discards[discardLive].Load(), DiscardedUnread: r.stats.discards[discardUnread].Load(),
+		Active: r.stats.active.Load()}
 }
 
 // Run campaigns and, while elected, reconciles; it returns when ctx ends.
@@ -163,6 +181,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				r.tel.active.Add(ctx, 1)
 				r.s.logger.Info("embcache: reconciler active", "id", r.id)
 				r.ensureRepublish(ctx, b)
+				r.ensureLimits(ctx)
 				err = r.active(ctx, b, el, from)
 				r.stats.active.Store(false)
 				r.tel.active.Add(context.WithoutCancel(ctx), -1)
@@ -191,7 +210,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) bucket(ctx context.Context) (*lease.Bucket, error) {
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	if _, err := events.EnsureStream(octx, r.js, r.s.replicas); err != nil {
+	if _, err := events.EnsureStream(octx, r.js, r.streamConfig()); err != nil {
 		return nil, err
 	}
 	return lease.OpenBucket(octx, r.nc, lease.BucketConfig{Name: r.s.bucket, Replicas: r.s.replicas, MarkerTTL: r.s.markerTTL, Shards: r.s.shards})
@@ -206,6 +225,27 @@ func (r *Reconciler) ensureRepublish(ctx context.Context, b *lease.Bucket) {
 	defer cancel()
 	if err := b.EnsureRepublish(octx, true); err != nil {
 		r.s.logger.Warn("embcache: waiters will poll", "err", err)
+	}
+}
+
+// streamConfig is what the reconciler asks of the event stream.
+func (r *Reconciler) streamConfig() events.StreamConfig {
+	cfg := r.s.stream
+	cfg.Replicas = r.s.replicas
+	return cfg
+}
+
+// ensureLimits gives the event stream the MaxBytes this reconciler was
+// given (WithEventsMaxBytes), once per term: its process is the
+// operator's, which may update the stream (docs/protocol.md 4).
+func (r *Reconciler) ensureLimits(ctx context.Context) {
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	switch changed, err := events.EnsureLimits(octx, r.js, r.streamConfig(), true); {
+	case err != nil:
+		r.s.logger.Warn("embcache: the event stream's limits not set", "max_bytes", r.s.stream.MaxBytes, "err", err)
+	case changed:
+		r.s.logger.Info("embcache: the event stream's limits set", "max_bytes", r.s.stream.MaxBytes)
 	}
 }
 
@@ -243,6 +283,9 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
 	defer pub.Close(context.Background())
 	x := &expirer{r: r, b: b, pub: pub, events: evs}
+	// Before the durable consumer is handed anything: it then skips what
+	// the stream no longer holds.
+	r.checkUnread(ctx, evs)
 	work := make(chan func(), 256)
 	sub, err := events.Subscribe(ctx, r.js, events.SubscribeOptions{Durable: Durable, Logger: r.s.logger, OnBad: r.tel.EventBad},
 		func(e events.Event) error {
@@ -301,6 +344,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	marks.floor = from.handled
 	beside.Go(func() { marks.run(ctx) })
 	beside.Go(func() { r.purgeBadRecords(ctx, x) })
+	beside.Go(func() { r.keepLocations(ctx, x) })
 	r.spreadLeaders(ctx, b)
 	spread := time.NewTicker(spreadEvery)
 	defer spread.Stop()

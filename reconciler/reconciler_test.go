@@ -21,6 +21,11 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		"replicas":           reconciler.WithReplicas(7),
 		"nil deleter":        reconciler.WithDeleter("shm", nil),
 		"nil clock":          reconciler.WithClock(nil),
+		"events max bytes":   reconciler.WithEventsMaxBytes(-1),
+		"events under 1 MiB": reconciler.WithEventsMaxBytes(1000),
+		"store TTL 0":        reconciler.WithStoreTTL(0),
+		"store TTL 2 days":   reconciler.WithStoreTTL(48 * time.Hour),
+		"restore every 0":    reconciler.WithRestoreEvery(0),
 	} {
 		if _, err := reconciler.New(&nats.Conn{}, opt); !errors.Is(err, reconciler.ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)

@@ -15,6 +15,7 @@ type instruments struct {
 	actions   metric.Int64Counter       // by action
 	elections metric.Int64Counter       // times this process became the active reconciler
 	active    metric.Int64UpDownCounter // 1 while this process is the active reconciler, else 0
+	discards  metric.Int64Counter       // by discard: looks at the event stream that found events needed discarded
 }
 
 func newInstruments(mp metric.MeterProvider) (*instruments, error) {
@@ -39,6 +40,13 @@ func newInstruments(mp metric.MeterProvider) (*instruments, error) {
 		metric.WithDescription("1 while this process is the active reconciler, 0 while it stands by")); err != nil {
 		return nil, err
 	}
+	if in.discards, err = m.Int64Counter("embcache.reconciler.stream_discards", metric.WithUnit("{check}"),
+		metric.WithDescription("looks at the event stream that found events the reconciler needs discarded, by what")); err != nil {
+		return nil, err
+	}
+	for d := range numDiscards {
+		in.discards.Add(context.Background(), 0, discardAttrs[d])
+	}
 	in.active.Add(context.Background(), 0) // exported as 0 before the first election
 	for a := range numActions {
 		in.actions.Add(context.Background(), 0, actionAttrs[a]) // every action is exported, at 0 until it happens
@@ -50,6 +58,14 @@ var actionAttrs = func() [numActions]metric.MeasurementOption {
 	var m [numActions]metric.MeasurementOption
 	for a := range numActions {
 		m[a] = metric.WithAttributeSet(attribute.NewSet(attribute.String("action", a.String())))
+	}
+	return m
+}()
+
+var discardAttrs = func() [numDiscards]metric.MeasurementOption {
+	var m [numDiscards]metric.MeasurementOption
+	for d := range numDiscards {
+		m[d] = metric.WithAttributeSet(attribute.NewSet(attribute.String("what", d.String())))
 	}
 	return m
 }()

@@ -37,7 +37,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+	if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := lease.OpenBucket(ctx, nc, lease.BucketConfig{Name: lease.DefaultBucket, MarkerTTL: time.Minute})
@@ -58,6 +58,17 @@ func keyOf(i int) cachekey.Key {
 // its published event; it returns the location.
 func (e *world) commit(i int, ttl time.Duration) payload.Location {
 	e.t.Helper()
+	loc, exp := e.commitRecord(i, ttl)
+	e.publish(&events.Event{Kind: events.KindPublished, Tenant: tenant, Key: keyOf(i), Model: "m", Epoch: 1,
+		Node: "w", Time: time.Now(), Expires: exp, Location: &loc})
+	return loc
+}
+
+// commitRecord writes key i's payload and a committed record that expires
+// in ttl, and no event (its published event lost); it returns the
+// location and the expiry.
+func (e *world) commitRecord(i int, ttl time.Duration) (payload.Location, time.Time) {
+	e.t.Helper()
 	ctx := context.Background()
 	obj := payload.ObjectID{Tenant: tenant, Key: keyOf(i)}
 	loc, err := e.store.Put(ctx, obj, payload.NewTensor(cachekey.Float32, []int64{1}, []byte{1, 2, 3, byte(i)}))
@@ -71,9 +82,7 @@ func (e *world) commit(i int, ttl time.Duration) payload.Location {
 	if _, err := e.b.Put(ctx, lease.ValueKey(tenant, keyOf(i)), rec, ttl); err != nil {
 		e.t.Fatal(err)
 	}
-	e.publish(&events.Event{Kind: events.KindPublished, Tenant: tenant, Key: keyOf(i), Model: "m", Epoch: 1,
-		Node: "w", Time: now, Expires: exp, Location: &loc})
-	return loc
+	return loc, exp
 }
 
 func (e *world) publish(ev *events.Event) uint64 {

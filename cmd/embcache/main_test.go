@@ -158,6 +158,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		// Flag values the node refuses (they exited 1; --lease-ttl 0s ran with the default).
 		{"worker", "--lease-ttl", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"worker", "--advertise", "not-a-url", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"worker", "--events-max-bytes", "-5", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"serve", "--events-max-bytes", "1000", "--store-dir", shm, "--port", "1"},
 		{"agent", "--socket", filepath.Join(shm, "a.sock"), "--compute-timeout", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 	} {
 		if _, stderr, code := run(t, args...); code != 2 {
@@ -513,6 +515,32 @@ func TestSpeedupText(t *testing.T) {
 	for ratio, want := range map[float64]string{2.5: "2.5x faster", 1: "1.0x faster", 0.8: "1.2x slower", 0.5: "2.0x slower"} {
 		if got := speedupText(ratio); got != want {
 			t.Errorf("%v: %q, want %q", ratio, got, want)
+		}
+	}
+}
+
+// TestServeSetsTheEventStreamsLimit: --events-max-bytes reaches the
+// stream (it was 1 GiB, not configurable: issue 33, item 9).
+func TestServeSetsTheEventStreamsLimit(t *testing.T) {
+	url, _, out := startServe(t, "--events-max-bytes", "3145728")
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int64
+	for deadline := time.Now().Add(20 * time.Second); got != 3<<20; time.Sleep(50 * time.Millisecond) { // polling another process
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream's max bytes: %d, want %d\n%s", got, 3<<20, out.String())
+		}
+		if s, err := js.Stream(context.Background(), "EMBCACHE_EVENTS"); err == nil {
+			if info, err := s.Info(context.Background()); err == nil {
+				got = info.Config.MaxBytes
+			}
 		}
 	}
 }

@@ -52,6 +52,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
 	fs.DurationVar(&o.ClockAllowance, "clock-allowance", 0, "how far the NATS servers' and processes' clocks may disagree (default: a fifth of --lease-ttl, at most 1s)")
 	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL (1s to 24h)")
+	fs.Int64Var(&o.EventsMaxBytes, "events-max-bytes", 0, "the event stream's size limit in bytes, at least 1 MiB (0: 1 GiB for a stream this process creates, an existing one's own); serve's reconciler also sets it on an existing stream (docs/scaling.md says how to size it)")
 	m := &o.Mooncake
 	fs.StringVar(&m.MasterServerAddr, "mooncake-master", "", "--payload mooncake: the master server's address (host:port)")
 	fs.StringVar(&m.Library, "mooncake-lib", "", "--payload mooncake: path of libmooncake_store.so (default: the loader's search path)")

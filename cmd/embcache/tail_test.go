@@ -26,7 +26,7 @@ func TestEventsTailWithACountExits(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+	if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

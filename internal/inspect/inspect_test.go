@@ -65,7 +65,7 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	if !errors.Is(err, inspect.ErrNotCreated) || !strings.Contains(err.Error(), "stream EMBCACHE_EVENTS") || sum.Bucket == nil || sum.Bucket.Values != 3 || sum.Bucket.Shards != 3 || sum.Events != nil || sum.LiveValues != nil {
 		t.Fatalf("without the stream: %+v %v", sum, err)
 	}
-	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+	if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	pub := events.NewPublisher(js, 1, 8, nil)

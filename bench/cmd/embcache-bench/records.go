@@ -184,7 +184,7 @@ func populate(ctx context.Context, url, shmDir string, n int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := events.EnsureStream(ctx, js, 1); err != nil {
+	if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Replicas: 1}); err != nil {
 		return err
 	}
 	store, err := shm.Open(shmDir, shm.WithNode("bench-node"))
