@@ -69,7 +69,7 @@ func TestBenchQuick(t *testing.T) {
 		Rows     []benchRow    `json:"rows"`
 		Workload []workloadRow `json:"workload"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 18 || len(r.Workload) != len(allSystems) {
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 21 || len(r.Workload) != len(allSystems) {
 		t.Fatalf("bench JSON: %v, %d rows, %d workload rows\n%s", err, len(r.Rows), len(r.Workload), raw)
 	}
 	for _, row := range r.Rows {
