@@ -143,6 +143,11 @@ func TestUnreadEventsDiscardedAreCounted(t *testing.T) {
 	e.limit(events.MinMaxBytes)
 	r1, stop := e.reconciler(e.store)
 	waitFor(t, "r1 active", func() bool { return r1.Stats().Active })
+	// Its durable consumer made: what the next term finds behind.
+	waitFor(t, "r1's consumer", func() bool {
+		_, err := e.js.Consumer(context.Background(), events.StreamName, reconciler.Durable)
+		return err == nil
+	})
 	stop()
 	e.flood(3000)
 	r2, _ := e.reconciler(e.store)
