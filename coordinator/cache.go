@@ -113,12 +113,11 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.pollInterval == 0 {
 		s.pollInterval = s.leaseTTL / 5
 	}
-	if s.clockAllowance == 0 {
-		s.clockAllowance = lease.DefaultClockAllowance(s.leaseTTL)
+	a, err := lease.ClockAllowance(s.leaseTTL, s.clockAllowance)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	if s.clockAllowance > s.leaseTTL/2 {
-		return nil, fmt.Errorf("%w: clock allowance %v over half the lease TTL %v", ErrInvalidOption, s.clockAllowance, s.leaseTTL)
-	}
+	s.clockAllowance = a
 	if s.storeTTL <= 4*s.clockAllowance {
 		// A committed record is touched only until two allowances before
 		// its expiry (lease.Record.MayHaveExpired).

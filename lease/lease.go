@@ -74,6 +74,20 @@ type Config struct {
 // of it, at most 1s (docs/protocol.md 3.1).
 func DefaultClockAllowance(ttl time.Duration) time.Duration { return min(time.Second, ttl/5) }
 
+// ClockAllowance returns the clock allowance a lease of ttl holds with:
+// a, or DefaultClockAllowance(ttl) if a is 0. One outside [0, ttl/2] is
+// ErrInvalidConfig: a renewal a third of the TTL in must still come before
+// the deadline.
+func ClockAllowance(ttl, a time.Duration) (time.Duration, error) {
+	if a < 0 || a > ttl/2 {
+		return 0, fmt.Errorf("%w: clock allowance %v out of [0, half the lease TTL = %v]", ErrInvalidConfig, a, ttl/2)
+	}
+	if a == 0 {
+		return DefaultClockAllowance(ttl), nil
+	}
+	return a, nil
+}
+
 // Hooks hear what happens to leases; every field is optional. They are
 // called without the lease's locks held, on the goroutine that found what
 // they report (the heartbeat's, or the caller's of Acquire, Held or
@@ -100,12 +114,11 @@ func (c *Config) validate() error {
 	if c.OpTimeout == 0 {
 		c.OpTimeout = 2 * time.Second
 	}
-	if c.ClockAllowance < 0 || c.ClockAllowance > c.TTL/2 {
-		return fmt.Errorf("%w: clock allowance %v out of [0, TTL/2 = %v]", ErrInvalidConfig, c.ClockAllowance, c.TTL/2)
+	a, err := ClockAllowance(c.TTL, c.ClockAllowance)
+	if err != nil {
+		return err
 	}
-	if c.ClockAllowance == 0 {
-		c.ClockAllowance = DefaultClockAllowance(c.TTL)
-	}
+	c.ClockAllowance = a
 	if c.Clock == nil {
 		c.Clock = SystemClock{}
 	}

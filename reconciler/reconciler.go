@@ -130,12 +130,11 @@ func New(nc *nats.Conn, opts ...Option) (*Reconciler, error) {
 			return nil, err
 		}
 	}
-	if s.allowance == 0 {
-		s.allowance = lease.DefaultClockAllowance(s.leaseTTL)
+	a, err := lease.ClockAllowance(s.leaseTTL, s.allowance)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	if s.allowance > s.leaseTTL/2 {
-		return nil, fmt.Errorf("%w: clock allowance %v over half the lease TTL %v", ErrInvalidOption, s.allowance, s.leaseTTL)
-	}
+	s.allowance = a
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
