@@ -452,6 +452,7 @@ func (l *eventLink) apply(e events.Event) {
 		c.local.Invalidate(func(k localKey, v *payload.Value) bool {
 			return stale(k) && (v != nil || !exact[k])
 		}, localcache.CauseInvalidated)
+		c.obs.invalidationApplied(e)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/telemetry"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
@@ -167,6 +168,13 @@ func (o observations) evicted(k localKey, v *payload.Value, cause localcache.Cau
 
 // staleTakeover and badRecordPurged: a key freed from a record nobody
 // renews, or from one that does not decode.
+// invalidationApplied is an invalidated event applied (eventLink.apply).
+func (o observations) invalidationApplied(e events.Event) {
+	if ob, ok := o.c.s.observer.(InvalidationObserver); ok {
+		ob.Invalidated(e.Tenant, e.Model, e.Epoch, e.Time)
+	}
+}
+
 func (o observations) staleTakeover()   { o.c.stats.staleTakeovers.Add(1) }
 func (o observations) badRecordPurged() { o.c.stats.badRecordsPurged.Add(1) }
 

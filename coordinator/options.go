@@ -76,7 +76,17 @@ type Observer interface {
 	Refused(ref Ref, rev uint64, err error)
 }
 
-// WithObserver registers an Observer.
+// InvalidationObserver is an Observer that also hears of every
+// invalidated event the Cache applies (a replayed one again), once the
+// local copies of its labels are dropped and its flights marked; at is
+// the event's Time, which tells the invalidations of one model apart.
+type InvalidationObserver interface {
+	Observer
+	Invalidated(tenant, model string, epoch uint64, at time.Time)
+}
+
+// WithObserver registers an Observer (an InvalidationObserver is also
+// told of invalidations).
 func WithObserver(o Observer) Option {
 	return func(s *settings) error { s.observer = o; return nil }
 }
