@@ -57,7 +57,7 @@ test-mooncake:
 	$(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
-## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change, FAULT_FLAGS for more (-faults.shards 3, -faults.nomarkers); a failed schedule prints the -faults.seed that replays it.
+## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change, FAULT_FLAGS for more (-faults.shards N fixes the shards each schedule draws, -faults.nomarkers); a failed schedule prints the -faults.seed that replays it.
 FAULT_SCHEDULES ?= 200
 FAULT_PARALLEL  ?= 3
 FAULT_FLAGS     ?=

@@ -25,22 +25,31 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/lease"
-	"github.com/embcache/embcache/payload"
-	"github.com/embcache/embcache/payload/shm"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The fault-injection harness: each schedule starts a 3-node cluster (R3
 // bucket) whose routes run through proxies that can cut a node off, and
-// fault workers (this test binary re-executed) that get-or-compute keys
-// and write their history; a seeded schedule of faults hits them: SIGKILL
-// of a worker, SIGSTOP past its lease, stop and restart of a NATS node
-// (the stream leader included), a partition of one node. A checker then
-// proves from the histories: (a) no key has two accepted commits, (b) every
-// served value is bit-identical to the key's true value, (c) every
-// accepted commit is still in the store, (d) forwards per key <= 1 + the
-// faults that hit a compute of that key.
+// fault workers (this test binary re-executed: faultworker_test.go) that
+// get-or-compute keys of two tenants and two models and write their
+// history; a seeded schedule of faults hits them: SIGKILL of a worker,
+// SIGSTOP past its lease, stop and restart of a NATS node (the stream
+// leader included), a partition of one node. Meanwhile the harness
+// invalidates a tenant's model one to three times. Each schedule draws its
+// world: the lease bucket in 1 or 3 shards, the workers in tenant mode
+// (WithTenants: direct gets) or not, and half the time one worker whose
+// wall clock is 3 or 8 s off, ahead or behind. A checker
+// (faultcheck_test.go) then proves from the histories: (a) no key has two
+// accepted commits without an invalidation of its labels between them,
+// (b) every served value is the key's bytes, made by a compute of that
+// key, (c) every key's last accepted commit is still in the store unless
+// an invalidation may have reached it, (d) computes per key <= 1 + the
+// faults that hit a compute of that key + the invalidations of its
+// labels, (e) no value whose compute began before an invalidation of its
+// labels is served by a request begun after the worker heard the
+// invalidated event, nor, outside tenant mode, from the store by a request
+// begun after Invalidate returned (docs/protocol.md 4.4).
 //
 // go test ./integration -run TestFaults -faults.schedules 200 -faults.parallel 3
 // (make test-faults); make test runs a bounded number, one at a time. Each
@@ -60,7 +69,7 @@ var (
 	faultSeed      = flag.Uint64("faults.seed", 0, "run only the schedule with this seed")
 	faultBase      = flag.Uint64("faults.base", 0, "schedule i runs seed base+i (0: a random base per run)")
 	faultNoMarkers = flag.Bool("faults.nomarkers", false, "create the lease bucket without subject delete markers (docs/protocol.md 3.2)")
-	faultShards    = flag.Int("faults.shards", 1, "create the lease bucket with this many shards (lease.BucketConfig.Shards); the workers adopt them")
+	faultShards    = flag.Int("faults.shards", 0, "create the lease bucket with this many shards (lease.BucketConfig.Shards; 0: 1 or 3, drawn per schedule); the workers adopt them")
 )
 
 const (
@@ -74,120 +83,6 @@ const (
 	restartTimeout  = 30 * time.Second
 	readBackTimeout = 30 * time.Second
 )
-
-// hist is one history line of a fault worker.
-type hist struct {
-	T    int64  `json:"t"`    // unix nanos
-	W    string `json:"w"`    // worker
-	Ev   string `json:"ev"`   // ready, compute-start, compute-end, served, error, reserved, committed, refused, done
-	Key  int    `json:"key"`  // -1 for worker-wide lines
-	Rev  uint64 `json:"rev"`  // fencing token, for lease events
-	OK   bool   `json:"ok"`   // served: bit-identical to the true value
-	Note string `json:"note"` // error text
-}
-
-type histWriter struct {
-	mu  sync.Mutex
-	enc *json.Encoder
-	w   string
-}
-
-func (h *histWriter) emit(ev string, key int, rev uint64, ok bool, note string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.enc.Encode(hist{T: time.Now().UnixNano(), W: h.w, Ev: ev, Key: key, Rev: rev, OK: ok, Note: note})
-}
-
-func keyOf(r coordinator.Ref) int {
-	n := 0
-	for i := 7; i >= 0; i-- {
-		n = n<<8 | int(r.Key[i])
-	}
-	return n - 1000
-}
-
-func (h *histWriter) Reserved(r coordinator.Ref, rev uint64) {
-	h.emit("reserved", keyOf(r), rev, true, "")
-}
-func (h *histWriter) Committed(r coordinator.Ref, rev uint64, _ payload.Checksum) {
-	h.emit("committed", keyOf(r), rev, true, "")
-}
-func (h *histWriter) Refused(r coordinator.Ref, rev uint64, err error) {
-	h.emit("refused", keyOf(r), rev, false, err.Error())
-}
-
-// runFaultWorker runs EMBCACHE_OPS get-or-computes over EMBCACHE_KEYS keys.
-// A worker that cannot reach the store writes one worker-wide error line
-// (key -1): the harness takes it for setup trouble.
-func runFaultWorker() int {
-	h := &histWriter{enc: json.NewEncoder(os.Stdout), w: os.Getenv("EMBCACHE_WORKER_NAME")}
-	keys, _ := strconv.Atoi(os.Getenv("EMBCACHE_KEYS"))
-	ops, _ := strconv.Atoi(os.Getenv("EMBCACHE_OPS"))
-	seed, _ := strconv.ParseUint(os.Getenv("EMBCACHE_SEED"), 10, 64)
-	c, nc, err := connectFaultWorker(h)
-	if err != nil {
-		h.emit("error", -1, 0, false, err.Error())
-		return 1
-	}
-	defer nc.Close()
-	defer c.Close()
-	h.emit("ready", -1, 0, true, "")
-	rng := rand.New(rand.NewPCG(seed, 11))
-	for i := range ops {
-		k := rng.IntN(keys)
-		req := fmt.Sprint("op-", i)
-		v, err := c.GetOrCompute(context.Background(), req, workerRef(k), func(context.Context) (*payload.Value, error) {
-			h.emit("compute-start", k, 0, true, "")
-			time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond) // the encoder's time on the GPU
-			v := encode(k, false)
-			h.emit("compute-end", k, 0, true, "")
-			return v, nil
-		})
-		if err != nil {
-			h.emit("error", k, 0, false, err.Error())
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		h.emit("served", k, 0, sum(v) == sum(encode(k, false)), "")
-		c.Release(req)
-	}
-	h.emit("done", -1, 0, true, "")
-	return 0
-}
-
-// connectFaultWorker opens the worker's Cache and its connection,
-// retrying while the cluster elects (readyTimeout at most).
-func connectFaultWorker(h *histWriter) (*coordinator.Cache, *nats.Conn, error) {
-	store, err := shm.Open(os.Getenv("EMBCACHE_SHM"), shm.WithNode("itest-node"))
-	if err != nil {
-		return nil, nil, err
-	}
-	nc, err := nats.Connect(os.Getenv("EMBCACHE_NATS"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
-		nats.RetryOnFailedConnect(true))
-	if err != nil {
-		return nil, nil, err
-	}
-	plane, err := payload.NewRouter("itest-node", payload.TransportShm, store, payload.WithNodeStore(store))
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
-	defer cancel()
-	var c *coordinator.Cache
-	err = retry(ctx, func() (err error) {
-		c, err = coordinator.New(ctx, nc, coordinator.WithMode(coordinator.ModeStrict),
-			coordinator.WithReplicas(3), coordinator.WithPayload(plane),
-			coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(time.Second), coordinator.WithOpTimeout(time.Second),
-			coordinator.WithComputeTimeout(20*time.Second), coordinator.WithObserver(h))
-		return err
-	})
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return c, nc, nil
-}
 
 // retry calls f until it returns nil or ctx ends, waiting 100 ms after the
 // first failure and twice as long after each next one (2 s at most). It
@@ -224,6 +119,8 @@ func setupErrorf(format string, args ...any) error {
 // faultStats adds up schedules.
 type faultStats struct {
 	schedules, keys, served, errors, refused, violations, setupFailed int
+	invalidations, invalidationsFailed, outdatedServed                int // outdatedServed: values served by requests begun after an invalidation that outdated them began (within its reach)
+	sharded, tenantMode, skewed                                       int // schedules so drawn
 	faults                                                            map[string]int
 }
 
@@ -235,6 +132,12 @@ func (s *faultStats) add(o faultStats) {
 	s.refused += o.refused
 	s.violations += o.violations
 	s.setupFailed += o.setupFailed
+	s.invalidations += o.invalidations
+	s.invalidationsFailed += o.invalidationsFailed
+	s.outdatedServed += o.outdatedServed
+	s.sharded += o.sharded
+	s.tenantMode += o.tenantMode
+	s.skewed += o.skewed
 	if s.faults == nil {
 		s.faults = map[string]int{}
 	}
@@ -411,12 +314,11 @@ func (r *faultRun) report(t *testing.T, wall time.Duration) {
 	if *faultNoMarkers {
 		bucket = "no markers"
 	}
-	if *faultShards > 1 {
-		bucket += fmt.Sprintf(", %d shards", *faultShards)
-	}
-	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, bucket: %s, faults: %s, keys: %d, values served: %d, "+
+	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, bucket: %s, sharded: %d, tenant mode: %d, a skewed clock: %d, "+
+		"faults: %s, invalidations: %d (failed: %d), keys: %d, values served: %d (outdated by an invalidation begun before the request, within its reach: %d), "+
 		"errors retried: %d, commits refused: %d, setup-failed (re-run): %d, violations: %d, wall time: %s",
-		total.schedules, r.base, bucket, strings.Join(kinds, " "), total.keys, total.served, total.errors,
+		total.schedules, r.base, bucket, total.sharded, total.tenantMode, total.skewed, strings.Join(kinds, " "),
+		total.invalidations, total.invalidationsFailed, total.keys, total.served, total.outdatedServed, total.errors,
 		total.refused, total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
 	t.Log(msg)
 	fmt.Println(msg)
@@ -441,6 +343,73 @@ type schedule struct {
 	faults  map[string]int
 	log     []string // the faults in order, with their targets
 	windows []window // when each fault reached the system
+
+	shards     int                         // the lease bucket's
+	tenantMode bool                        // the workers serve their tenants only (WithTenants)
+	skew       [faultWorkers]time.Duration // each worker's clock error (a replacement has its predecessor's)
+	invs       []invalidation              // the harness's, in order; written by invalidate until it returns
+}
+
+// draw draws the schedule's world from its seed.
+func (s *schedule) draw() {
+	s.shards = *faultShards
+	if s.shards == 0 {
+		s.shards = []int{1, 3}[s.rng.IntN(2)]
+	}
+	s.tenantMode = s.rng.IntN(2) == 0
+	if s.rng.IntN(2) == 0 {
+		off := []time.Duration{3 * time.Second, 8 * time.Second}[s.rng.IntN(2)]
+		if s.rng.IntN(2) == 0 {
+			off = -off
+		}
+		s.skew[s.rng.IntN(faultWorkers)] = off
+	}
+}
+
+// world says what draw drew, for the log.
+func (s *schedule) world() string {
+	w := fmt.Sprintf("shards %d, tenant mode %v", s.shards, s.tenantMode)
+	for i, off := range s.skew {
+		if off != 0 {
+			w += fmt.Sprintf(", w%d's clock %+v", i, off)
+		}
+	}
+	return w
+}
+
+// drawn is the world's share of the stats.
+func (s *schedule) drawn() faultStats {
+	var st faultStats
+	if s.shards > 1 {
+		st.sharded = 1
+	}
+	if s.tenantMode {
+		st.tenantMode = 1
+	}
+	if slices.ContainsFunc(s.skew[:], func(d time.Duration) bool { return d != 0 }) {
+		st.skewed = 1
+	}
+	return st
+}
+
+// invalidate issues one to three invalidations, one at a time, each of a
+// tenant's model drawn from rng, at seeded times while the workers run.
+// It runs beside the faults, on a connection of its own.
+func (s *schedule) invalidate(ctx context.Context, rng *rand.Rand) {
+	nc, err := s.cl.Connect(nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return // no invalidation: the schedule checks the rest
+	}
+	defer nc.Close()
+	for range 1 + rng.IntN(3) {
+		time.Sleep(time.Duration(200+rng.IntN(1200)) * time.Millisecond) // the schedule's clock
+		l := labels{faultTenants[rng.IntN(len(faultTenants))], faultModels[rng.IntN(len(faultModels))]}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		from := time.Now().UnixNano()
+		err := coordinator.Invalidate(ictx, nc, coordinator.Invalidation{Tenant: l.Tenant, Model: l.Model, Node: "harness"})
+		s.invs = append(s.invs, invalidation{labels: l, from: from, to: time.Now().UnixNano(), ok: err == nil})
+		cancel()
+	}
 }
 
 // fault records a fault of kind that hit target.
@@ -456,18 +425,27 @@ type window struct{ from, to int64 }
 func runSchedule(t *testing.T, seed uint64) (res scheduleResult) {
 	s := &schedule{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 99)), faults: map[string]int{}}
 	defer s.close()
+	s.draw()
 	if res.setup = s.setUp(); res.setup != nil {
 		return res
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
 	defer cancel()
 	res.setup = s.startWorkers(ctx)
+	invalidating := make(chan struct{})
+	go func(started bool) {
+		defer close(invalidating)
+		if started {
+			s.invalidate(ctx, rand.New(rand.NewPCG(seed, 7)))
+		}
+	}(res.setup == nil)
 	for f := range 2 {
 		if res.setup != nil {
 			break
 		}
 		res.setup = s.inject(ctx, f)
 	}
+	<-invalidating
 	if res.setup != nil {
 		s.killWorkers() // the schedule is over; what they did so far is still checked
 	}
@@ -477,17 +455,19 @@ func runSchedule(t *testing.T, seed uint64) (res scheduleResult) {
 	}
 	res.violations = append(res.violations, s.workerCrashes()...)
 
-	all := s.history()
-	st, commits, vs := checkHistory(all, s.windows)
+	h := newHistories(s.history(), s.windows, s.invs, s.tenantMode)
+	st, commits, vs := h.check()
 	res.violations = append(res.violations, vs...)
 	if res.setup == nil {
 		cctx, ccancel := context.WithTimeout(context.Background(), runTimeout)
 		defer ccancel()
-		vs, err := s.checkStore(cctx, commits)
+		vs, err := s.checkStore(cctx, h, commits)
 		res.violations, res.setup = append(res.violations, vs...), err
 	}
 	st.faults = s.faults
-	res.stats, res.faults = st, s.log
+	d := s.drawn()
+	st.sharded, st.tenantMode, st.skewed = d.sharded, d.tenantMode, d.skewed
+	res.stats, res.faults = st, append([]string{s.world()}, s.log...)
 	return res
 }
 
@@ -509,8 +489,8 @@ func (s *schedule) setUp() error {
 			return setupErrorf("bucket without markers: %w", err)
 		}
 	}
-	if *faultShards > 1 {
-		if err := createShardedBucket(ctx, cl, *faultShards); err != nil {
+	if s.shards > 1 {
+		if err := createShardedBucket(ctx, cl, s.shards); err != nil {
 			return setupErrorf("sharded bucket: %w", err)
 		}
 	}
@@ -634,11 +614,16 @@ type faultProc struct {
 
 // startWorker starts a fault worker; a goroutine collects its history
 // until it exits.
-func (s *schedule) startWorker(name string, wseed uint64) (*faultProc, error) {
+func (s *schedule) startWorker(name string, i int, wseed uint64) (*faultProc, error) {
+	tenantMode := "0"
+	if s.tenantMode {
+		tenantMode = "1"
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "EMBCACHE_WORKER="+modeFault, "EMBCACHE_WORKER_NAME="+name,
 		"EMBCACHE_NATS="+s.cl.ClientURLs(), "EMBCACHE_SHM="+s.shmDir, "EMBCACHE_KEYS="+strconv.Itoa(faultKeys),
-		"EMBCACHE_OPS="+strconv.Itoa(faultOps), "EMBCACHE_SEED="+strconv.FormatUint(wseed, 10))
+		"EMBCACHE_OPS="+strconv.Itoa(faultOps), "EMBCACHE_SEED="+strconv.FormatUint(wseed, 10),
+		"EMBCACHE_TENANT_MODE="+tenantMode, "EMBCACHE_SKEW="+s.skew[i].String())
 	p := &faultProc{name: name, cmd: cmd, ready: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = &p.stderr
 	stdout, err := cmd.StdoutPipe()
@@ -698,7 +683,7 @@ func (p *faultProc) history() []hist {
 // the schedule's clock starts when they work, however loaded the machine.
 func (s *schedule) startWorkers(ctx context.Context) error {
 	for w := range faultWorkers {
-		if _, err := s.startWorker(fmt.Sprint("w", w), s.seed*100+uint64(w)); err != nil {
+		if _, err := s.startWorker(fmt.Sprint("w", w), w, s.seed*100+uint64(w)); err != nil {
 			return err
 		}
 	}
@@ -753,7 +738,7 @@ func (s *schedule) killWorker(f int) error {
 	s.procs[i].kill()
 	<-s.procs[i].done
 	s.fault("kill-worker", s.procs[i].name)
-	_, err := s.startWorker(fmt.Sprintf("w%d-r%d", i, f), s.seed*100+uint64(10+f))
+	_, err := s.startWorker(fmt.Sprintf("w%d-r%d", i, f), i%faultWorkers, s.seed*100+uint64(10+f))
 	return err
 }
 
@@ -892,187 +877,4 @@ func (s *schedule) history() []hist {
 	}
 	slices.SortStableFunc(all, func(a, b hist) int { return int(a.T - b.T) })
 	return all
-}
-
-// checkHistory checks (a), (b) and (d) on the histories; it returns the
-// schedule's stats and the accepted commits by key, for (c).
-func checkHistory(all []hist, windows []window) (faultStats, map[int][]hist, []string) {
-	var st faultStats
-	var vs []string
-	commits := map[int][]hist{}
-	computes := map[int]int{}
-	for _, h := range all {
-		switch h.Ev {
-		case "committed":
-			commits[h.Key] = append(commits[h.Key], h)
-		case "compute-start":
-			computes[h.Key]++
-		case "served":
-			st.served++
-			if !h.OK {
-				vs = append(vs, fmt.Sprintf("worker %s served key %d with the wrong bytes", h.W, h.Key)) // (b)
-			}
-		case "error":
-			if h.Key >= 0 {
-				st.errors++
-			}
-		case "refused":
-			st.refused++
-		}
-	}
-	for _, k := range sortedKeys(commits) {
-		if cs := commits[k]; len(cs) > 1 {
-			vs = append(vs, fmt.Sprintf("key %d has %d accepted commits", k, len(cs))) // (a)
-		}
-	}
-	touched := faultsTouching(all, windows)
-	for _, k := range sortedKeys(computes) {
-		if n := computes[k]; n > 1+touched[k] {
-			vs = append(vs, fmt.Sprintf("key %d computed %d times with %d faults touching it; %s", k, n, touched[k], keyHistory(all, windows, k))) // (d)
-		}
-	}
-	st.keys = len(computes)
-	return st, commits, vs
-}
-
-// keyHistory is what the workers said of key k and when the faults were,
-// in ms from the first line of any worker: what a violation needs to be
-// understood without a replay (a schedule's timing does not replay).
-func keyHistory(all []hist, windows []window, k int) string {
-	if len(all) == 0 {
-		return ""
-	}
-	t0 := all[0].T
-	for _, h := range all {
-		t0 = min(t0, h.T)
-	}
-	ms := func(t int64) int64 { return (t - t0) / int64(time.Millisecond) }
-	var b strings.Builder
-	b.WriteString("history:")
-	for _, h := range all {
-		if h.Key == k {
-			fmt.Fprintf(&b, " [%d ms %s %s rev %d %s]", ms(h.T), h.W, h.Ev, h.Rev, h.Note)
-		}
-	}
-	for _, w := range windows {
-		fmt.Fprintf(&b, " [fault %d..%d ms]", ms(w.from), ms(w.to))
-	}
-	return b.String()
-}
-
-// faultsTouching counts, per key, the faults that hit a compute of it: a
-// fault that overlaps the compute, or that begins before its commit could
-// land (a compute left open: its worker died).
-func faultsTouching(all []hist, windows []window) map[int]int {
-	hitKey := map[int]map[int]bool{}
-	for _, h := range all {
-		if h.Ev != "compute-start" {
-			continue
-		}
-		end := int64(1 << 62)
-		for _, e := range all {
-			if e.W == h.W && e.Key == h.Key && e.Ev == "compute-end" && e.T >= h.T {
-				end = e.T + int64(3*time.Second)
-				break
-			}
-		}
-		for fi, f := range windows {
-			if f.from <= end && f.to >= h.T {
-				if hitKey[h.Key] == nil {
-					hitKey[h.Key] = map[int]bool{}
-				}
-				hitKey[h.Key][fi] = true
-			}
-		}
-	}
-	touched := map[int]int{}
-	for k, fs := range hitKey {
-		touched[k] = len(fs)
-	}
-	return touched
-}
-
-func sortedKeys[V any](m map[int]V) []int {
-	ks := make([]int, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
-}
-
-// checkStore checks (c): every accepted commit is still the key's record.
-// Not reaching the cluster at all is setup trouble.
-func (s *schedule) checkStore(ctx context.Context, commits map[int][]hist) ([]string, error) {
-	check, closeCheck, err := s.checker(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer closeCheck()
-	var vs []string
-	for _, k := range sortedKeys(commits) {
-		v, path, err := readBack(ctx, check, k, commits[k][0].Rev)
-		if err != nil || path != coordinator.PathRemoteHit || sum(v) != sum(encode(k, false)) {
-			vs = append(vs, fmt.Sprintf("key %d: committed value not served from the store: %v %v", k, path, err))
-		}
-		check.Release("check")
-	}
-	return vs, nil
-}
-
-// checker is the checker's Cache on the cluster, once it has a meta leader
-// and the bucket's own leader is elected.
-func (s *schedule) checker(ctx context.Context) (*coordinator.Cache, func(), error) {
-	nc, err := s.cl.Connect(nats.RetryOnFailedConnect(true))
-	if err != nil {
-		return nil, nil, setupErrorf("checker: %w", err)
-	}
-	if err := s.cl.WaitJetStream(ctx); err != nil {
-		nc.Close()
-		return nil, nil, setupErrorf("checker: %w", err)
-	}
-	store, err := shm.Open(s.shmDir, shm.WithNode("itest-node"))
-	if err != nil {
-		nc.Close()
-		return nil, nil, setupErrorf("checker: %w", err)
-	}
-	plane, err := payload.NewRouter("itest-node", payload.TransportShm, store)
-	if err != nil {
-		nc.Close()
-		return nil, nil, setupErrorf("checker: %w", err)
-	}
-	nctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	var check *coordinator.Cache
-	err = retry(nctx, func() (err error) {
-		check, err = coordinator.New(nctx, nc, coordinator.WithMode(coordinator.ModeStrict), coordinator.WithReplicas(3),
-			coordinator.WithPayload(plane), coordinator.WithNode("itest-node"))
-		return err
-	})
-	if err != nil {
-		nc.Close()
-		return nil, nil, setupErrorf("checker: %w", err)
-	}
-	return check, func() { check.Close(); nc.Close() }, nil
-}
-
-// readBack gets key k through check, which must not compute it: its
-// commit (rev) is in the store. Other errors are retried while the cluster
-// may still be electing (readBackTimeout at most).
-func readBack(ctx context.Context, check *coordinator.Cache, k int, rev uint64) (*payload.Value, coordinator.Path, error) {
-	ctx, cancel := context.WithTimeout(ctx, readBackTimeout)
-	defer cancel()
-	var v *payload.Value
-	var path coordinator.Path
-	var err error
-	retry(ctx, func() error {
-		v, path, err = check.GetOrComputePath(ctx, "check", workerRef(k), func(context.Context) (*payload.Value, error) {
-			return nil, fmt.Errorf("key %d recomputed: its commit (rev %d) was lost", k, rev)
-		})
-		if err != nil && !strings.Contains(err.Error(), "recomputed") {
-			return err // the cluster may still be electing
-		}
-		return nil
-	})
-	return v, path, err
 }
