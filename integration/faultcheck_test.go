@@ -118,7 +118,31 @@ func (h *histories) check() (faultStats, map[int][]hist, []string) {
 			st.invalidationsFailed++
 		}
 	}
+	st.heardLags = h.heardLags()
 	return st, commits, vs
+}
+
+// heardLags are, for each invalidation that returned and each worker
+// that heard it, the time from Invalidate's return to the worker's
+// applying the event (negative: before the return): tenant mode's window
+// (docs/protocol.md 4.4).
+func (h *histories) heardLags() []time.Duration {
+	var lags []time.Duration
+	workers := map[string]bool{}
+	for _, l := range h.all {
+		workers[l.W] = true
+	}
+	for _, inv := range h.invs {
+		if !inv.ok {
+			continue
+		}
+		for w := range workers {
+			if t, ok := h.heard(w, inv); ok {
+				lags = append(lags, time.Duration(t-inv.to))
+			}
+		}
+	}
+	return lags
 }
 
 // stale checks (e) for served line s, whose value compute c made: for

@@ -119,8 +119,9 @@ func setupErrorf(format string, args ...any) error {
 // faultStats adds up schedules.
 type faultStats struct {
 	schedules, keys, served, errors, refused, violations, setupFailed int
-	invalidations, invalidationsFailed, outdatedServed                int // outdatedServed: values served by requests begun after an invalidation that outdated them began (within its reach)
-	sharded, tenantMode, skewed                                       int // schedules so drawn
+	invalidations, invalidationsFailed, outdatedServed                int             // outdatedServed: values served by requests begun after an invalidation that outdated them began (within its reach)
+	sharded, tenantMode, skewed                                       int             // schedules so drawn
+	heardLags                                                         []time.Duration // from an Invalidate's return to a worker's applying its event
 	faults                                                            map[string]int
 }
 
@@ -138,6 +139,7 @@ func (s *faultStats) add(o faultStats) {
 	s.sharded += o.sharded
 	s.tenantMode += o.tenantMode
 	s.skewed += o.skewed
+	s.heardLags = append(s.heardLags, o.heardLags...)
 	if s.faults == nil {
 		s.faults = map[string]int{}
 	}
@@ -320,6 +322,12 @@ func (r *faultRun) report(t *testing.T, wall time.Duration) {
 		total.schedules, r.base, bucket, total.sharded, total.tenantMode, total.skewed, strings.Join(kinds, " "),
 		total.invalidations, total.invalidationsFailed, total.keys, total.served, total.outdatedServed, total.errors,
 		total.refused, total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
+	if lags := total.heardLags; len(lags) > 0 {
+		slices.Sort(lags)
+		q := func(p float64) time.Duration { return lags[int(p*float64(len(lags)-1))].Round(100 * time.Microsecond) }
+		msg += fmt.Sprintf("; an invalidated event applied by a worker, after Invalidate returned: p50 %v, p99 %v, max %v (%d)",
+			q(0.5), q(0.99), lags[len(lags)-1].Round(time.Millisecond), len(lags))
+	}
 	t.Log(msg)
 	fmt.Println(msg)
 	if total.setupFailed > r.setupAllowed() {
