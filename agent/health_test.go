@@ -1,6 +1,8 @@
 package agent_test
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/http"
 	"strings"
@@ -8,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/embcache/embcache/agent"
 )
 
 // healthWithin polls /healthz until it answers want and returns how long
@@ -139,5 +143,21 @@ func (b *blackhole) relay(dst, src net.Conn) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// A closing node's cache is, to the agent's client, a store it cannot
+// reach (503 unavailable: the client computes without it), not an
+// internal error.
+func TestAClosedCacheIsUnavailable(t *testing.T) {
+	srv := startServer(t)
+	n := startNode(t, srv.ClientURL(), "n1")
+	c := client(t, n)
+	ref := keyOf(t, c, "closed")
+	n.cache.Close()
+	_, err := c.Lookup(context.Background(), ref, "r1")
+	var ae *agent.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || ae.Code != "unavailable" {
+		t.Fatalf("lookup on a closed cache: %v, want 503 unavailable", err)
 	}
 }

@@ -334,7 +334,10 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		status, code = http.StatusConflict, "conflict"
 	case errors.Is(err, payload.ErrNoSpace):
 		status, code = http.StatusServiceUnavailable, "no_space"
-	case errors.Is(err, coordinator.ErrStoreUnavailable):
+	case errors.Is(err, coordinator.ErrStoreUnavailable), errors.Is(err, coordinator.ErrClosed):
+		// A closing agent is, to its client, a store it cannot reach: the
+		// client computes without it (its degrade path), as it does when
+		// the agent is gone.
 		status, code = http.StatusServiceUnavailable, "unavailable"
 	}
 	w.Header().Set("Content-Type", "application/json")
