@@ -45,11 +45,12 @@ import (
 // (b) every served value is the key's bytes, made by a compute of that
 // key, (c) every key's last accepted commit is still in the store unless
 // an invalidation may have reached it, (d) computes per key <= 1 + the
-// faults that hit a compute of that key + the invalidations of its
-// labels, (e) no value whose compute began before an invalidation of its
-// labels is served by a request begun after the worker heard the
-// invalidated event, nor, outside tenant mode, from the store by a request
-// begun after Invalidate returned (docs/protocol.md 4.4).
+// invalidations of its labels + the faults that hit a compute of it (or
+// its computes a fault kept from committing, if more), (e) no value whose
+// compute began before an invalidation of its labels is served by a
+// request begun after the worker heard the invalidated event, nor,
+// outside tenant mode, from the store by a request begun after Invalidate
+// returned (docs/protocol.md 4.4).
 //
 // go test ./integration -run TestFaults -faults.schedules 200 -faults.parallel 3
 // (make test-faults); make test runs a bounded number, one at a time. Each
