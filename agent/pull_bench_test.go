@@ -162,9 +162,9 @@ func benchRemoteHit(b *testing.B, size int) {
 		// left b's cache when this one landed (b's agent, like any, keeps
 		// its files; deleting the mapped one now would free its memory in
 		// the next lookup, a cost production does not pay there).
-		a.store.Delete(ctx, payload.Location{Object: ref.Object().String()})
+		os.Remove(a.store.Path(ref.Object()))
 		if prev != nil {
-			bn.store.Delete(ctx, payload.Location{Object: prev.Object().String()})
+			os.Remove(bn.store.Path(prev.Object()))
 		}
 		prev = &ref
 		b.StartTimer()

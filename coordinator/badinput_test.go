@@ -87,7 +87,7 @@ func TestCorruptOrMissingPayloadIsRecomputed(t *testing.T) {
 	for i, tamper := range []func(loc *payload.Location){
 		func(loc *payload.Location) { loc.Checksum[0] ^= 1 },                                  // corrupt bytes (as the checksum sees them)
 		func(loc *payload.Location) { loc.Size += 64 },                                        // wrong size
-		func(loc *payload.Location) { store.Delete(ctx, *loc) },                               // payload gone
+		func(loc *payload.Location) { removePayload(t, store, *loc) },                         // payload gone
 		func(loc *payload.Location) { loc.Object = ref(99).Object().String(); loc.Size = 64 }, // another object
 		func(loc *payload.Location) { *loc = other },                                          // another key's whole, genuine location
 	} {

@@ -404,8 +404,25 @@ func (l *eventLink) apply(e events.Event) {
 	c := l.c
 	switch e.Kind {
 	case events.KindEvicted:
+		if e.Location == nil {
+			return
+		}
 		obj := payload.ObjectID{Tenant: e.Tenant, Key: e.Key}
-		if e.Location == nil || c.recordMayName(obj, e.Location.Checksum) {
+		// A payload found corrupt is its reader's to remove (its store
+		// did); a recompute may have put the value back under its name.
+		// What the delete may remove is the payload as it is before the
+		// record is read: a recompute that puts the same bytes after the
+		// read (and commits them) gives it another generation.
+		deletes := e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt
+		var seen payload.Generation
+		if deletes {
+			ctx, cancel := c.opContext(context.Background())
+			var err error
+			seen, err = c.router.Writer().Generation(ctx, *e.Location)
+			cancel()
+			deletes = err == nil
+		}
+		if c.recordMayName(obj, e.Location.Checksum) {
 			// Computed and committed again since (an expired value is
 			// recomputed under the same name): the copy and the file are
 			// the new record's.
@@ -418,11 +435,9 @@ func (l *eventLink) apply(e events.Event) {
 		for _, k := range l.holding(e, e.Location.Checksum) {
 			c.local.Evict(k, cause)
 		}
-		// A payload found corrupt is its reader's to remove (its store
-		// did); a recompute may have put the value back under its name.
-		if e.Location.Node == c.s.node && e.Cause != events.CauseCorrupt {
+		if deletes {
 			ctx, cancel := c.opContext(context.Background())
-			c.router.Writer().Delete(ctx, *e.Location)
+			c.router.Writer().Delete(ctx, *e.Location, seen)
 			cancel()
 		}
 	case events.KindInvalidated:

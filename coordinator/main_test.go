@@ -74,6 +74,20 @@ func ref(i int) Ref {
 	return Ref{Tenant: "acme", Key: k, Model: "m", Epoch: 1}
 }
 
+// removePayload deletes the payload at loc, whatever generation it is in:
+// a payload gone.
+func removePayload(t testing.TB, store payload.Transport, loc payload.Location) {
+	t.Helper()
+	ctx := context.Background()
+	seen, err := store.Generation(ctx, loc)
+	if err == nil {
+		err = store.Delete(ctx, loc, seen)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // embedding is the deterministic "encoder output" of key i.
 func embedding(i int) *payload.Value {
 	data := make([]byte, 4096)

@@ -176,9 +176,7 @@ func TestJunkIsCounted(t *testing.T) {
 	}
 	c.Release("w")
 	loc := *readRecord(t, c, ref(1)).Record.Location
-	if err := store.Delete(ctx, loc); err != nil {
-		t.Fatal(err)
-	}
+	removePayload(t, store, loc)
 	mb := newMeter(t)
 	b := newCache(t, srv.ClientURL(), store, WithMeterProvider(mb))
 	if _, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1)); err != nil || path != PathComputed {

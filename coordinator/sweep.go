@@ -35,12 +35,13 @@ func (c *Cache) sweepLoop(every time.Duration) {
 
 // sweepPayloads removes the temp files of writers that died mid-write,
 // and the shm files older than minAge whose value no committed record
-// names: the record is gone (expired, invalidated,
-// purged) or names other bytes. A key being computed keeps its file (its
-// commit may be about to name it), and so does any file while the bucket
-// cannot be read. It returns how many files it removed. Every process of
-// a node may sweep the same directory: a removal is checked against the
-// file's checksum, so it never takes a file put in place since.
+// names: the record is gone (expired, invalidated, purged) or names other
+// bytes. A key being computed
+// keeps its file (its commit may be about to name it), and so does any
+// file while the bucket cannot be read. It returns how many files it
+// removed. Every process of a node may sweep the same directory: a
+// removal is of the file's generation the listing saw, so it never takes
+// a file put in place, or put again, since.
 func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 	b := c.bucket()
 	if b == nil {
@@ -48,11 +49,12 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 	}
 	// A process killed in the middle of a Put leaves its temp file: a
 	// whole value's bytes of the node's tmpfs, which no record names.
-	removed, err := c.router.NodeStore().Sweep()
+	store := c.router.NodeStore()
+	removed, err := store.Sweep()
 	if err != nil {
 		c.s.logger.Warn("embcache: payload sweep: temp files", "err", err)
 	}
-	for f := range c.router.NodeStore().Files() {
+	for f := range store.Files() {
 		obj, _ := f.Location.ObjectID()
 		if time.Since(f.ModTime) < minAge || (len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, obj.Tenant)) {
 			continue
@@ -65,12 +67,11 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 		octx, cancel := c.opContext(ctx)
 		cur, err := b.Read(octx, obj.Tenant+"."+obj.Key.String())
 		cancel()
-		if err != nil || (cur.Live && cur.Record.State != lease.StateCommitted) ||
-			(cur.Live && cur.Record.Checksum == f.Location.Checksum.String()) {
+		if err != nil || (cur.Live && cur.Record.State != lease.StateCommitted) || (cur.Live && cur.Record.Checksum == f.Location.Checksum.String()) {
 			continue
 		}
 		octx, cancel = c.opContext(ctx)
-		err = c.router.NodeStore().Delete(octx, f.Location)
+		err = store.Delete(octx, f.Location, f.Generation)
 		cancel()
 		if err == nil {
 			removed++

@@ -267,9 +267,7 @@ func TestOneEvictedPerEviction(t *testing.T) {
 	// invalidation, so it knows ref(2) (it takes events in order).
 	waitFor(t, func() bool { return count(1, events.CauseInvalidated) > 0 })
 	// ref(2)'s payload goes missing: the next reader purges its record.
-	if err := store.Delete(ctx, *readRecord(t, a, ref(2)).Record.Location); err != nil {
-		t.Fatal(err)
-	}
+	removePayload(t, store, *readRecord(t, a, ref(2)).Record.Location)
 	b := eventCache(t, url, store, WithStoreTTL(storeTTL))
 	if _, path, err := b.GetOrComputePath(ctx, "r", ref(2), cnt.fn(2)); err != nil || path != PathComputed {
 		t.Fatalf("ref(2): %v %v", path, err)

@@ -14,18 +14,27 @@ type MemoryStore struct {
 	maxBytes int64
 
 	mu      sync.Mutex
-	objects map[ObjectID]*Blob // guarded by mu
-	bytes   int64              // guarded by mu
+	objects map[ObjectID]memObject // guarded by mu
+	puts    uint64                 // Puts so far; guarded by mu
+	bytes   int64                  // guarded by mu
+}
+
+// memObject is a stored encoding and its Generation.ID: the number of
+// the Put that made or kept it.
+type memObject struct {
+	*Blob
+	put uint64
 }
 
 // NewMemoryStore returns a store for node that holds at most maxBytes of
 // encodings (0 means no limit).
 func NewMemoryStore(node string, maxBytes int64) *MemoryStore {
-	return &MemoryStore{node: node, maxBytes: maxBytes, objects: make(map[ObjectID]*Blob)}
+	return &MemoryStore{node: node, maxBytes: maxBytes, objects: make(map[ObjectID]memObject)}
 }
 
-// Put encodes v and keeps it under obj. The error is ErrNoSpace over the
-// budget, ErrInvalidValue for a bad value.
+// Put encodes v and keeps it under obj, in a new Generation (the same
+// bytes too). The error is ErrNoSpace over the budget, ErrInvalidValue for a bad
+// value.
 func (m *MemoryStore) Put(_ context.Context, obj ObjectID, v *Value) (Location, error) {
 	if err := obj.Validate(); err != nil {
 		return Location{}, err
@@ -37,8 +46,11 @@ func (m *MemoryStore) Put(_ context.Context, obj ObjectID, v *Value) (Location, 
 	sum := sumParts(enc, nil)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.puts++
 	if old, ok := m.objects[obj]; ok {
 		if old.Checksum == sum {
+			old.put = m.puts // put again: a delete of what was seen before leaves it
+			m.objects[obj] = old
 			return m.location(obj, len(old.Data), old.Checksum), nil
 		}
 		m.bytes -= int64(len(old.Data)) // other bytes: replaced (Transport)
@@ -47,7 +59,7 @@ func (m *MemoryStore) Put(_ context.Context, obj ObjectID, v *Value) (Location, 
 	if m.maxBytes > 0 && m.bytes+int64(len(enc)) > m.maxBytes {
 		return Location{}, fmt.Errorf("%w: %d bytes held, %d more exceed %d", ErrNoSpace, m.bytes, len(enc), m.maxBytes)
 	}
-	m.objects[obj] = NewBlob(enc, sum, nil)
+	m.objects[obj] = memObject{NewBlob(enc, sum, nil), m.puts}
 	m.bytes += int64(len(enc))
 	return m.location(obj, len(enc), sum), nil
 }
@@ -80,15 +92,28 @@ func (m *MemoryStore) Open(_ context.Context, obj ObjectID) (*Blob, error) {
 	return NewBlob(b.Data, b.Checksum, nil), nil
 }
 
-// Delete drops the object at loc.
-func (m *MemoryStore) Delete(_ context.Context, loc Location) error {
+// Generation returns the generation of loc's object (the zero Generation
+// if it is absent).
+func (m *MemoryStore) Generation(_ context.Context, loc Location) (Generation, error) {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return Generation{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Generation{ID: m.objects[obj].put}, nil
+}
+
+// Delete drops the object at loc if it holds loc's bytes in generation
+// seen (Transport).
+func (m *MemoryStore) Delete(_ context.Context, loc Location, seen Generation) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if b, ok := m.objects[obj]; ok && b.Checksum == loc.Checksum {
+	if b, ok := m.objects[obj]; ok && b.Checksum == loc.Checksum && b.put == seen.ID {
 		m.bytes -= int64(len(b.Data))
 		delete(m.objects, obj)
 	}

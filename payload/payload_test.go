@@ -167,9 +167,14 @@ func TestMemoryStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	first, _ := m.Generation(ctx, loc)
 	loc2, err := m.Put(ctx, obj, v)
 	if err != nil || loc2 != loc || m.Bytes() != loc.Size {
 		t.Fatalf("second put: %v %v", loc2, err)
+	}
+	// A delete of what was seen before the second put leaves it.
+	if err := m.Delete(ctx, loc, first); err != nil || m.Bytes() != loc.Size {
+		t.Fatalf("a delete of the version before the second put: %v, %d bytes held", err, m.Bytes())
 	}
 	got, err := m.Get(ctx, loc)
 	if err != nil || !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
@@ -184,7 +189,8 @@ func TestMemoryStore(t *testing.T) {
 	if _, err := m.Put(ctx, ObjectID{Tenant: "acme", Key: cachekey.Key{1}}, big); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("over budget: %v", err)
 	}
-	if err := m.Delete(ctx, loc); err != nil || m.Bytes() != 0 {
+	seen, _ := m.Generation(ctx, loc)
+	if err := m.Delete(ctx, loc, seen); err != nil || m.Bytes() != 0 {
 		t.Fatal(err)
 	}
 	if _, err := m.Get(ctx, loc); !errors.Is(err, ErrNotFound) {

@@ -30,8 +30,9 @@ type NodeStore interface {
 
 // StoredFile is a value's file in a NodeStore.
 type StoredFile struct {
-	Location Location  // its Location, with the checksum its file holds
-	ModTime  time.Time // when it was put in place
+	Location   Location   // its Location, with the checksum its file holds
+	ModTime    time.Time  // when it was put in place, or last put again
+	Generation Generation // when it was listed (Transport.Generation)
 }
 
 // streamer is a transport that hands a value's bytes over as they arrive,

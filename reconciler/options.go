@@ -21,9 +21,11 @@ var ErrInvalidOption = errors.New("reconciler: invalid option")
 type Option func(*settings) error
 
 // Deleter removes payloads: a payload store or transport of this node's
-// (payload.Transport is one).
+// (payload.Transport is one). A delete is conditional on the generation
+// read before the reconciler read the key's record (payload.Transport).
 type Deleter interface {
-	Delete(ctx context.Context, loc payload.Location) error
+	Generation(ctx context.Context, loc payload.Location) (payload.Generation, error)
+	Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error
 }
 
 type settings struct {

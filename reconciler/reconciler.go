@@ -599,6 +599,17 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	if !live {
 		return true
 	}
+	// What the delete may remove is the payload as it is before the record
+	// is read: a compute of the key that puts the same bytes after the
+	// read (and commits them) gives it another generation.
+	obj := payload.ObjectID{Tenant: tenant, Key: key}
+	var seen payload.Generation
+	if entry.Location.Names(obj) {
+		if seen, err = r.payloadGeneration(ctx, entry.Location); err != nil {
+			r.s.logger.Warn("embcache: eviction not announced: the payload's generation is unreadable", "key", kvKey, "err", err)
+			return false
+		}
+	}
 	// The message that sent us here may be older than the value's last
 	// events: a purge's marker read after the key was committed again.
 	// The value is gone only if no record names it now.
@@ -613,7 +624,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 		return true
 	}
 	loc := entry.Location
-	if !loc.Names(payload.ObjectID{Tenant: tenant, Key: key}) {
+	if !loc.Names(obj) {
 		// A record's own location (known) is not checked when it is
 		// decoded: one naming another key's payload must not get that
 		// payload deleted (events are checked as they decode).
@@ -630,7 +641,7 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	deletes := cause != events.CauseCorrupt && !(cur.Live && cur.Record.State == lease.StateComputing)
 	ev := &events.Event{Kind: events.KindEvicted, Tenant: tenant, Key: key, Model: entry.Model, Epoch: entry.Epoch,
 		Node: r.s.node, Time: time.Now(), Cause: cause, Location: &loc}
-	if deletes && !r.deletePayload(ctx, loc, kvKey) {
+	if deletes && !r.deletePayload(ctx, loc, seen, kvKey) {
 		// Announced, the eviction would be done, and the payload would
 		// stay: nothing removes a Mooncake object later, and a delete
 		// fails while a reader holds the object. Left unannounced, the
@@ -661,17 +672,39 @@ func (x *expirer) expire(ctx context.Context, kvKey string, cause events.Cause, 
 	return true
 }
 
-// deletePayload removes a payload this reconciler can reach: its own
-// node's, or a shared store's (Mooncake); false if that delete failed.
-// Other nodes remove theirs when the notice reaches them.
-func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location, kvKey string) (ok bool) {
+// deleter returns the Deleter of a payload this reconciler can reach:
+// its own node's, or a shared store's (Mooncake); nil for another node's,
+// which that node removes when the notice reaches it.
+func (r *Reconciler) deleter(loc payload.Location) Deleter {
 	t := r.s.deleters[loc.Transport]
 	if t == nil || (loc.Node != r.s.node && loc.Transport != payload.TransportMooncake) {
+		return nil
+	}
+	return t
+}
+
+// payloadGeneration reads the generation of the payload at loc, if this
+// reconciler deletes it.
+func (r *Reconciler) payloadGeneration(ctx context.Context, loc payload.Location) (payload.Generation, error) {
+	t := r.deleter(loc)
+	if t == nil {
+		return payload.Generation{}, nil
+	}
+	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
+	defer cancel()
+	return t.Generation(octx, loc)
+}
+
+// deletePayload removes a payload this reconciler can reach (deleter) if
+// it is still in generation seen; false if that delete failed.
+func (r *Reconciler) deletePayload(ctx context.Context, loc payload.Location, seen payload.Generation, kvKey string) (ok bool) {
+	t := r.deleter(loc)
+	if t == nil {
 		return true // not this reconciler's to delete
 	}
 	octx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
 	defer cancel()
-	if err := t.Delete(octx, loc); err != nil {
+	if err := t.Delete(octx, loc, seen); err != nil {
 		if ctx.Err() == nil {
 			r.s.logger.Warn("embcache: eviction not announced: its payload delete failed", "key", kvKey, "transport", loc.Transport, "err", err)
 		}

@@ -140,13 +140,17 @@ type blockingDeleter struct {
 	entered atomic.Bool
 }
 
-func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location) error {
+func (d *blockingDeleter) Generation(ctx context.Context, loc payload.Location) (payload.Generation, error) {
+	return d.store.Generation(ctx, loc)
+}
+
+func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
 	if d.all || loc.Object == d.object {
 		d.entered.Store(true)
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return d.store.Delete(ctx, loc)
+	return d.store.Delete(ctx, loc, seen)
 }
 
 // renewedAfter reports whether the active reconciler's lease was last
@@ -168,9 +172,13 @@ type failingDeleter struct {
 	tries  atomic.Int64
 }
 
-func (d *failingDeleter) Delete(ctx context.Context, loc payload.Location) error {
+func (d *failingDeleter) Generation(ctx context.Context, loc payload.Location) (payload.Generation, error) {
+	return d.store.Generation(ctx, loc)
+}
+
+func (d *failingDeleter) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
 	if loc.Object == d.object && d.tries.Add(1) <= d.fails {
 		return errors.New("object busy")
 	}
-	return d.store.Delete(ctx, loc)
+	return d.store.Delete(ctx, loc, seen)
 }

@@ -95,7 +95,11 @@ func TestPullAndServeOn(t *testing.T) {
 			if err != nil || !bytes.Equal(fromB.Tensor.Data, v.Tensor.Data) {
 				t.Fatalf("pull from the replica: %v", err)
 			}
-			if err := a.transport.Delete(ctx, loc); err != nil {
+			seen, err := a.transport.Generation(ctx, loc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.transport.Delete(ctx, loc, seen); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := b.transport.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {

@@ -35,7 +35,8 @@ func TestStream(t *testing.T) {
 	if _, err := b.transport.Stream(ctx, other); !errors.Is(err, payload.ErrCorrupt) {
 		t.Errorf("a location with another checksum: %v", err)
 	}
-	a.transport.Delete(ctx, loc)
+	seen, _ := a.transport.Generation(ctx, loc)
+	a.transport.Delete(ctx, loc, seen)
 	if _, err := b.transport.Stream(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
 		t.Errorf("deleted: %v", err)
 	}

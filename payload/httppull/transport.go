@@ -28,7 +28,8 @@ var (
 // locally, and the server serves it from there.
 type Store interface {
 	Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error)
-	Delete(ctx context.Context, loc payload.Location) error
+	Generation(ctx context.Context, loc payload.Location) (payload.Generation, error)
+	Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error
 }
 
 // Transport pulls values from other nodes' servers, and puts values into a
@@ -105,9 +106,15 @@ func (t *Transport) Put(ctx context.Context, obj payload.ObjectID, v *payload.Va
 	return loc, nil
 }
 
-// Delete removes the local copy.
-func (t *Transport) Delete(ctx context.Context, loc payload.Location) error {
-	return t.local.Delete(ctx, loc)
+// Generation returns the generation of the local copy.
+func (t *Transport) Generation(ctx context.Context, loc payload.Location) (payload.Generation, error) {
+	return t.local.Generation(ctx, loc)
+}
+
+// Delete removes the local copy if it is still in generation seen
+// (payload.Transport).
+func (t *Transport) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
+	return t.local.Delete(ctx, loc, seen)
 }
 
 // Get pulls the value at loc from the server at loc.Address, streaming it

@@ -285,10 +285,19 @@ func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, 
 	return payload.WithRelease(v, release), nil
 }
 
+// Generation returns the zero Generation: Mooncake keeps no generations
+// of an object, nor removes one conditionally.
+func (s *Store) Generation(context.Context, payload.Location) (payload.Generation, error) {
+	return payload.Generation{}, nil
+}
+
 // Delete removes the object if it still holds loc's bytes (not forced: an
 // object a reader holds a lease on is ErrBusy); a value put in its place
-// since stays. An absent object is not an error.
-func (s *Store) Delete(ctx context.Context, loc payload.Location) error {
+// since stays. An absent object is not an error. seen is ignored: a Put
+// of the same bytes between the caller's look at the key's record and
+// this delete is not told apart from the object it saw, and is removed
+// (docs/protocol.md 2.2).
+func (s *Store) Delete(ctx context.Context, loc payload.Location, _ payload.Generation) error {
 	v, err := s.Get(ctx, loc)
 	switch {
 	case errors.Is(err, payload.ErrNotFound), errors.Is(err, payload.ErrCorrupt):

@@ -79,13 +79,13 @@ func TestRoundTrip(t *testing.T) {
 	if n := len(s.owned); n != 1 {
 		t.Fatalf("%d registered buffers for three sequential gets, want 1", n)
 	}
-	if err := s.Delete(ctx, loc); err != nil {
+	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
 		t.Fatalf("after delete: %v", err)
 	}
-	if err := s.Delete(ctx, loc); err != nil {
+	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil {
 		t.Fatalf("deleting an absent object: %v", err)
 	}
 }
@@ -115,8 +115,8 @@ func TestErrorCodesMap(t *testing.T) {
 			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{10}}, value(10))
 			return err
 		}, payload.ErrUnavailable, -901},
-		{"remove:-706", func() error { return s.Delete(ctx, loc) }, ErrBusy, -706},
-		{"remove:-901", func() error { return s.Delete(ctx, loc) }, payload.ErrUnavailable, -901},
+		{"remove:-706", func() error { return s.Delete(ctx, loc, payload.Generation{}) }, ErrBusy, -706},
+		{"remove:-901", func() error { return s.Delete(ctx, loc, payload.Generation{}) }, payload.ErrUnavailable, -901},
 		{"register:-1", func() error {
 			_, err := s.Get(ctx, payload.Location{Transport: "mooncake", Object: obj.String(), Size: 1 << 22})
 			return err
@@ -233,7 +233,7 @@ func TestRealMooncake(t *testing.T) {
 		t.Fatalf("get: %v", err)
 	}
 	got.Close()
-	if err := s.Delete(ctx, loc); err != nil {
+	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -254,7 +254,7 @@ func TestPutReplacesOtherBytes(t *testing.T) {
 	if err != nil || newLoc.Checksum == oldLoc.Checksum {
 		t.Fatalf("%+v %v", newLoc, err)
 	}
-	if err := s.Delete(ctx, oldLoc); err != nil {
+	if err := s.Delete(ctx, oldLoc, payload.Generation{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Get(ctx, newLoc)

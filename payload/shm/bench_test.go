@@ -159,7 +159,8 @@ func BenchmarkPutGet(b *testing.B) {
 					b.Fatal(err)
 				}
 				got.Close()
-				s.Delete(ctx, loc)
+				seen, _ := s.Generation(ctx, loc)
+				s.Delete(ctx, loc, seen)
 			}, func() { copy(dst, v.Tensor.Data) })
 		})
 	}

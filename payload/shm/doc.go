@@ -23,4 +23,10 @@
 // section 2.3 has the threat model and the cost). Receive writes a value streamed from another node the same way,
 // hashing it as it writes, and puts it in place only if it matches the
 // checksum it was sent for.
+//
+// A delete is of the file's generation its caller saw (Generation: its
+// inode and ctime) before it decided: a Put of the same bytes since moves
+// the file's times, a new generation, and the delete leaves it. Puts that
+// keep or replace a file, and deletes, take the file's flock, so they do
+// not interleave (docs/protocol.md section 2.4).
 package shm

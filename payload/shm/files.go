@@ -4,6 +4,7 @@ import (
 	"iter"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/embcache/embcache/payload"
 )
@@ -33,15 +34,17 @@ func (s *Store) Files() iter.Seq[File] {
 				if err != nil {
 					continue
 				}
-				info, err := n.Info()
+				f, err := openFile(s.path(obj))
 				if err != nil {
 					continue
 				}
-				size, sum, ok := existing(s.path(obj))
+				size, sum, st, ok := stored(f)
+				f.Close()
 				if !ok {
 					continue
 				}
-				if !yield(File{Location: s.location(obj, size, sum), ModTime: info.ModTime()}) {
+				file := File{Location: s.location(obj, size, sum), ModTime: time.Unix(st.Mtim.Unix()), Generation: generationOf(&st)}
+				if !yield(file) {
 					return
 				}
 			}

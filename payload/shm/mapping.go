@@ -194,12 +194,18 @@ func (s *Store) release(m *mapping) error {
 	return unix.Munmap(m.mem)
 }
 
-// removeIfSame removes obj's file if it is still the file id names (not
-// one written under the name since).
+// removeIfSame removes obj's file if it is still the file version id
+// names: not one written under the name since, nor the same file put
+// again (which its next reader hashes afresh).
 func (s *Store) removeIfSame(obj payload.ObjectID, id fileID) {
 	path := s.path(obj)
+	f, err := lockValue(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
 	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil || st.Dev != id.dev || st.Ino != id.ino {
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Dev != id.dev || st.Ino != id.ino || st.Ctim != id.ctime {
 		return
 	}
 	if os.Remove(path) == nil {

@@ -156,9 +156,10 @@ func (s *Store) location(obj payload.ObjectID, size int64, sum payload.Checksum)
 }
 
 // Put writes v under obj. An object already present with v's bytes is left
-// as it is; one with other bytes is replaced (payload.Transport). Over the
-// budget, or when tmpfs is full,
-// the error wraps payload.ErrNoSpace and nothing is left behind.
+// as it is, but put again: its times move to now, which gives it a new
+// Generation (payload.Transport); one with other bytes is replaced. Over the
+// budget, or when tmpfs is full, the error wraps payload.ErrNoSpace and
+// nothing is left behind.
 func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
 		return payload.Location{}, err
@@ -167,7 +168,6 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	if err != nil {
 		return payload.Location{}, err
 	}
-	final := s.path(obj)
 	data := v.Tensor.Data
 	size := int64(len(header) + len(data))
 	hasher := blake3.New()
@@ -178,15 +178,13 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	// Present already with these bytes: nothing to write. Present with
 	// other bytes (a value of the key from before an invalidation, which
 	// may not be served): replaced.
-	old, oldSum, present := existing(final)
-	if present && oldSum == sum && old == size {
-		touch(final)
+	if keep(s.path(obj), size, sum) {
 		return s.location(obj, size, sum), nil
 	}
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	err = s.write(obj, size, sum, present, func(f *os.File) error {
+	err = s.write(obj, size, sum, func(f *os.File) error {
 		for _, p := range [][]byte{header, data, sum[:]} {
 			if _, err := f.Write(p); err != nil {
 				return err
@@ -211,8 +209,8 @@ func (s *Store) placed(obj payload.ObjectID, size int64, sum payload.Checksum, e
 // bytes are hashed as they are written, in one pass, and the file is put
 // in place only if they hash to sum and decode; else the error wraps
 // payload.ErrCorrupt (a short r too) and nothing is left behind. An object
-// present already with checksum sum is left as it is and r is not read;
-// one with other bytes is replaced.
+// present already with checksum sum is left as it is, put again (as by
+// Put), and r is not read; one with other bytes is replaced.
 // Budget and tmpfs limits are as for Put.
 func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, sum payload.Checksum, r io.Reader) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
@@ -221,13 +219,10 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 	if size < payload.PreludeSize {
 		return payload.Location{}, fmt.Errorf("%w: %d bytes, shorter than a prelude", payload.ErrCorrupt, size)
 	}
-	final := s.path(obj)
-	old, oldSum, present := existing(final)
-	if present && oldSum == sum && old == size {
-		touch(final)
+	if keep(s.path(obj), size, sum) {
 		return s.location(obj, size, sum), nil
 	}
-	err := s.write(obj, size, sum, present, func(f *os.File) error {
+	err := s.write(obj, size, sum, func(f *os.File) error {
 		got, err := copyHashing(ctx, f, r, size)
 		if err != nil {
 			return err
@@ -306,31 +301,107 @@ func decodes(f *os.File, size int64) error {
 	return err
 }
 
-// existing reads the encoded size and checksum of a stored file.
-// touch moves a file's times to now: a value put again counts as new for
-// a sweep's minimum age (coordinator.WithPayloadSweep).
-func touch(path string) {
-	now := time.Now()
-	os.Chtimes(path, now, now)
+// The lock of a value file. Every change of what a value's name holds
+// is made under the lock of the file it holds (flock, exclusive): a Put
+// that keeps the file (putAgain) or replaces it, a Delete, a reader's
+// removal of a file that failed its hash. A delete conditional on the
+// generation its caller saw, and a Put of the same bytes, are then one
+// before the other: the Put gives the file a new generation before the
+// delete looks (which leaves it), or finds no file after it and writes
+// one. Readers take no lock.
+//
+// lockValue opens the value file under path and locks it, once the file
+// it locked is still the one under that name (a file removed or replaced
+// while it waited is not; the file there now is locked instead). The
+// caller closes the file, which unlocks it. No file there is an error
+// wrapping fs.ErrNotExist; anything but a regular file, one wrapping
+// errNotAFile (or ELOOP, a link).
+func lockValue(path string) (*os.File, error) {
+	for {
+		f, err := openFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, err)
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Lstat(path, &named) == nil &&
+			held.Dev == named.Dev && held.Ino == named.Ino {
+			return f, nil
+		}
+		f.Close()
+	}
 }
 
-func existing(path string) (int64, payload.Checksum, bool) {
-	var sum payload.Checksum
-	f, err := openFile(path)
+// keep puts again the file under final if it holds the encoding of size
+// bytes whose BLAKE3 is sum, and reports whether it did: a Put that finds
+// its bytes there writes nothing.
+func keep(final string, size int64, sum payload.Checksum) bool {
+	f, err := lockValue(final)
 	if err != nil {
-		return 0, sum, false
+		return false
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || fi.Size() < int64(trailerSize) {
-		return 0, sum, false
-	}
-	size := fi.Size() - int64(trailerSize)
-	if _, err := f.ReadAt(sum[:], size); err != nil {
-		return 0, sum, false
-	}
-	return size, sum, true
+	old, oldSum, st, ok := stored(f)
+	return ok && old == size && oldSum == sum && putAgain(f, final, &st)
 }
+
+// putAgain moves the times of the locked file f (under path; st is its
+// state before) to now, and reports whether its ctime moved: a new
+// generation (payload.Generation), so a delete of the generation seen
+// before leaves it, and a value put again counts as new for a sweep's minimum
+// age (coordinator.WithPayloadSweep). A kernel that stamps file times by
+// clock tick may give a change in the tick of the last one the same
+// ctime: it is tried again in the next tick. A file whose times cannot
+// be moved (another user's) is not put again: the caller writes the
+// value anew.
+func putAgain(f *os.File, path string, st *unix.Stat_t) bool {
+	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+	for range 3 {
+		// By name: f is locked and still under it (lockValue), and every
+		// change of what the name holds waits for the lock.
+		if unix.UtimesNanoAt(unix.AT_FDCWD, path, now, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			return false
+		}
+		var after unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &after) != nil {
+			return false
+		}
+		if after.Ctim != st.Ctim {
+			return true
+		}
+		var tick unix.Timespec
+		unix.ClockGetres(unix.CLOCK_REALTIME_COARSE, &tick)
+		time.Sleep(time.Duration(tick.Nano()))
+	}
+	return false
+}
+
+// stored reads the encoded size, the trailer and the stat of the open
+// value file f.
+func stored(f *os.File) (size int64, sum payload.Checksum, st unix.Stat_t, ok bool) {
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Size < int64(trailerSize) {
+		return 0, sum, st, false
+	}
+	size = st.Size - int64(trailerSize)
+	if _, err := f.ReadAt(sum[:], size); err != nil {
+		return 0, sum, st, false
+	}
+	return size, sum, st, true
+}
+
+// generationOf is the Generation of the file st describes: its inode and its
+// ctime, which every change moves (a Put of the same bytes moves its
+// times) and no user can set.
+func generationOf(st *unix.Stat_t) payload.Generation {
+	return payload.Generation{ID: st.Ino, Changed: st.Ctim.Nano()}
+}
+
+// errNotAFile is what openFile returns for something under a value's name
+// that is not a regular file.
+var errNotAFile = errors.New("not a value file")
 
 // openFile opens a value file for reading: a regular file, never through
 // a link, and without blocking (a FIFO under a value's name would hold an
@@ -342,7 +413,7 @@ func openFile(path string) (*os.File, error) {
 	}
 	fi, err := f.Stat()
 	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s is not a value file (%v)", path, fi.Mode().Type())
+		err = fmt.Errorf("%s: %w (%v)", path, errNotAFile, fi.Mode().Type())
 	}
 	if err != nil {
 		f.Close()
@@ -354,13 +425,12 @@ func openFile(path string) (*os.File, error) {
 // write reserves the budget for a file of the encoding of size bytes
 // whose BLAKE3 is sum (and its trailer) and puts in place as obj's file
 // the file fill writes (into a temp file, preallocated), with its proof:
-// fill wrote every byte of it. With replace, the file takes the place of
-// the one there (which has other bytes); without, a file that appeared
-// meanwhile stands if it holds the same bytes (its writer proved it), and
-// is replaced if not (a value of the key from before an invalidation, say:
-// the caller's value is what its Location must name).
-func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) error {
-	p, written, err := s.put(s.path(obj), size, sum, replace, fill)
+// fill wrote every byte of it. A file that is there by then stands if it
+// holds the same bytes (its writer proved it), put again (putAgain), and
+// is replaced if not (a value of the key from before an invalidation,
+// say: the caller's value is what its Location must name).
+func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, fill func(*os.File) error) error {
+	p, written, err := s.put(s.path(obj), size, sum, fill)
 	if written && p.id != (fileID{}) {
 		s.proofs.add(obj, p)
 	}
@@ -370,7 +440,7 @@ func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, re
 // put is write but for keeping the proof, which it returns. written is
 // false when nothing new stays on disk: an error, or another writer put
 // the same bytes in place first.
-func (s *Store) put(final string, size int64, sum payload.Checksum, replace bool, fill func(*os.File) error) (p proof, written bool, err error) {
+func (s *Store) put(final string, size int64, sum payload.Checksum, fill func(*os.File) error) (p proof, written bool, err error) {
 	fileSize := size + int64(trailerSize)
 	s.mu.Lock()
 	if s.used+fileSize > s.maxBytes {
@@ -424,7 +494,7 @@ func (s *Store) put(final string, size int64, sum payload.Checksum, replace bool
 		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.
-	if !replace {
+	for {
 		err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, final, unix.RENAME_NOREPLACE)
 		if !errors.Is(err, unix.EEXIST) {
 			if err != nil {
@@ -432,19 +502,32 @@ func (s *Store) put(final string, size int64, sum payload.Checksum, replace bool
 			}
 			return placedProof(tmp, sum)
 		}
-		if old, oldSum, ok := existing(final); ok && old == size && oldSum == sum {
-			os.Remove(tmp.Name())
+		old, err := lockValue(final)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			// No value file (a directory, a FIFO, a link): replaced (a
+			// directory fails the rename).
+			return s.replace(tmp, final, sum, -1)
+		}
+		oldSize, oldSum, st, ok := stored(old)
+		if ok && oldSize == size && oldSum == sum && putAgain(old, final, &st) {
+			old.Close()
 			return proof{}, false, nil // another writer put these bytes in place first
 		}
-		// Other bytes got there first (or no value file: then the rename
-		// below fails): ours replace them.
+		// Other bytes got there first: ours replace them, under the old
+		// file's lock.
+		p, written, err = s.replace(tmp, final, sum, st.Size)
+		old.Close()
+		return p, written, err
 	}
-	// Readers that mapped the old file keep its bytes (its inode).
-	var st unix.Stat_t
-	oldSize := int64(-1)
-	if unix.Lstat(final, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-		oldSize = st.Size
-	}
+}
+
+// replace renames tmp over final, whose value file of oldSize bytes (-1:
+// none) it replaces. Readers that mapped the old file keep its bytes (its
+// inode).
+func (s *Store) replace(tmp *os.File, final string, sum payload.Checksum, oldSize int64) (p proof, written bool, err error) {
 	if err := os.Rename(tmp.Name(), final); err != nil {
 		return proof{}, false, fmt.Errorf("shm: rename into place: %w", err)
 	}
@@ -541,25 +624,46 @@ func (s *Store) open(ctx context.Context, obj payload.ObjectID) (*payload.Blob, 
 	return payload.NewBlob(m[:size:size], sum, func() error { return unix.Munmap(m) }), nil
 }
 
+// Generation returns the generation of loc's object's file (the zero
+// Generation if there is none): its inode and ctime, which a Put of the
+// same bytes moves too.
+func (s *Store) Generation(_ context.Context, loc payload.Location) (payload.Generation, error) {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return payload.Generation{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(s.path(obj), &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return payload.Generation{}, nil
+		}
+		return payload.Generation{}, fmt.Errorf("shm: %w", err)
+	}
+	return generationOf(&st), nil
+}
+
 // Delete removes the object's file if it is loc's (its trailer is loc's
-// checksum). Mappings of it stay valid until their values are closed (the
-// kernel keeps an unlinked file while it is mapped).
-func (s *Store) Delete(_ context.Context, loc payload.Location) error {
+// checksum) in generation seen: a file written or put again since is left
+// (payload.Transport). Mappings of it stay valid until their values are
+// closed (the kernel keeps an unlinked file while it is mapped). What is
+// not a regular file is left (a Put replaces it).
+func (s *Store) Delete(_ context.Context, loc payload.Location, seen payload.Generation) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
 		return err
 	}
 	path := s.path(obj)
-	var st unix.Stat_t
-	err = unix.Lstat(path, &st)
-	if errors.Is(err, unix.ENOENT) {
+	f, err := lockValue(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotAFile) || errors.Is(err, unix.ELOOP) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("shm: %w", err)
 	}
-	if _, sum, ok := existing(path); ok && sum != loc.Checksum {
-		return nil // another value of the key took its place: not loc's file
+	defer f.Close()
+	_, sum, st, ok := stored(f)
+	if generationOf(&st) != seen || ok && sum != loc.Checksum {
+		return nil // put again since, or another value of the key took its place
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("shm: %w", err)

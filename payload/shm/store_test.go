@@ -102,6 +102,15 @@ func obj(b byte) payload.ObjectID {
 	return payload.ObjectID{Tenant: "acme", Key: cachekey.Key{b, 1, 2, 3}}
 }
 
+// deleteNow deletes the file at loc in the generation it is in now.
+func deleteNow(s *Store, loc payload.Location) error {
+	seen, err := s.Generation(context.Background(), loc)
+	if err != nil {
+		return err
+	}
+	return s.Delete(context.Background(), loc, seen)
+}
+
 func TestPutGet(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(testDir(t), WithNode("node-a"))
@@ -192,7 +201,7 @@ func TestBudget(t *testing.T) {
 		t.Fatal("a refused value left a temp file")
 	}
 	loc, _ := s.Put(ctx, obj(1), testValue(1000))
-	if err := s.Delete(ctx, loc); err != nil || s.Used() != 0 {
+	if err := deleteNow(s, loc); err != nil || s.Used() != 0 {
 		t.Fatalf("delete: %v, used %d", err, s.Used())
 	}
 	if _, err := s.Put(ctx, obj(2), testValue(2000)); err != nil {
@@ -708,7 +717,7 @@ func TestProofsGoWithTheirFiles(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("Files lists %d, want 2", n)
 	}
-	if err := s.Delete(ctx, locA); err != nil {
+	if err := deleteNow(s, locA); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(s.proofs.path(obj(15))); !errors.Is(err, os.ErrNotExist) {
@@ -734,10 +743,10 @@ func TestDeleteWhileMapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer got.Close()
-	if err := s.Delete(ctx, loc); err != nil {
+	if err := deleteNow(s, loc); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delete(ctx, loc); err != nil {
+	if err := deleteNow(s, loc); err != nil {
 		t.Fatal("deleting an absent object failed:", err)
 	}
 	if !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
@@ -862,7 +871,7 @@ func TestPutReplacesOtherBytes(t *testing.T) {
 	if _, err := s.Get(ctx, oldLoc); !errors.Is(err, payload.ErrCorrupt) {
 		t.Fatalf("the old Location after the replacement: %v", err)
 	}
-	if err := s.Delete(ctx, oldLoc); err != nil {
+	if err := deleteNow(s, oldLoc); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Get(ctx, newLoc)
@@ -873,7 +882,7 @@ func TestPutReplacesOtherBytes(t *testing.T) {
 		t.Fatal("wrong bytes")
 	}
 	got.Close()
-	if err := s.Delete(ctx, newLoc); err != nil {
+	if err := deleteNow(s, newLoc); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, newLoc); !errors.Is(err, payload.ErrNotFound) {
@@ -975,5 +984,61 @@ func TestAFileCutShortWhileHashedIsAnError(t *testing.T) {
 	}
 	if _, err := sumOf(mem); err == nil {
 		t.Fatal("a mapping past its file's end hashed without an error")
+	}
+}
+
+// TestADeleteLeavesTheSameBytesPutAgain: a delete is of the generation its
+// caller saw. A Put or a Receive of the bytes already in place makes
+// another (one after the other, several within a clock tick), which a
+// delete of an earlier one leaves; Files lists the current one, and its
+// delete removes the file.
+func TestADeleteLeavesTheSameBytesPutAgain(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(testDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testValue(1000)
+	enc, _ := payload.Encode(v)
+	loc, err := s.Put(ctx, obj(30), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := s.Generation(ctx, loc)
+	if err != nil || prev == (payload.Generation{}) {
+		t.Fatalf("the generation of a file put: %+v %v", prev, err)
+	}
+	gens := map[payload.Generation]bool{prev: true}
+	for i := range 16 {
+		again, err := s.Put(ctx, obj(30), v)
+		if i%2 == 1 {
+			again, err = s.Receive(ctx, obj(30), loc.Size, loc.Checksum, bytes.NewReader(enc))
+		}
+		if err != nil || again != loc {
+			t.Fatalf("put %d again: %+v %v", i, again, err)
+		}
+		g, err := s.Generation(ctx, loc)
+		if err != nil || gens[g] {
+			t.Fatalf("put %d again: generation %+v (%v), seen before", i, g, err)
+		}
+		gens[g] = true
+		if err := s.Delete(ctx, loc, prev); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(s.Path(obj(30))); err != nil {
+			t.Fatalf("a delete of the generation before put %d removed the file: %v", i, err)
+		}
+		prev = g
+	}
+	for f := range s.Files() {
+		if f.Generation != prev {
+			t.Fatalf("Files lists generation %+v, the file is in %+v", f.Generation, prev)
+		}
+	}
+	if err := s.Delete(ctx, loc, prev); err != nil || s.Used() != 0 {
+		t.Fatalf("the delete of the current generation: %v, %d bytes used", err, s.Used())
+	}
+	if g, err := s.Generation(ctx, loc); err != nil || g != (payload.Generation{}) {
+		t.Fatalf("the generation of no file: %+v %v", g, err)
 	}
 }
