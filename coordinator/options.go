@@ -216,11 +216,13 @@ func WithStoreTTL(d time.Duration) Option {
 }
 
 // WithPayloadSweep sets how often this process removes the files of its
-// node store (payload.WithNodeStore) whose value no committed record names:
-// expired or invalidated while no reconciler ran, or left by a commit that
-// failed. A file is kept while it is younger than one interval (a commit
-// may be about to name it). Default: half the store TTL, between 30 s and
-// 10 min; d < 0 turns it off.
+// node store (payload.WithNodeStore) that no live committed record names:
+// expired or invalidated while no reconciler ran, left by a commit that
+// failed, or of a key computed again on another node (a router that pulls
+// values into the store keeps those: its copies). A file is kept while it
+// is younger than one interval (a commit may be about to name it).
+// Default: half the store TTL, between 30 s and 10 min; d < 0 turns it
+// off.
 func WithPayloadSweep(d time.Duration) Option {
 	return func(s *settings) error {
 		if d == 0 {

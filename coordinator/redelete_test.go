@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -132,4 +133,55 @@ func TestASweepLeavesTheSameBytesPutAgain(t *testing.T) {
 		t.Fatal("the sweep deleted nothing")
 	}
 	servedAgain(t, url, d.Store, &cnt)
+}
+
+// TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode: node A's value is
+// invalidated, and node B computes the key again, to the same bytes. A's
+// file is no live record's (B's names B's file), and A's sweep removes
+// it; B's stays, and so does the copy a process of node C pulled into its
+// store (what C's readers read). (A's sweep kept a file while any live
+// record had its checksum: it stayed as long as B's record lived.)
+func TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode(t *testing.T) {
+	url := startServer(t).ClientURL()
+	ctx := context.Background()
+	process := func(n *shmNode, opts ...payload.RouterOption) *Cache {
+		r, err := payload.NewRouter(n.name, payload.TransportHTTP, n.tr, append([]payload.RouterOption{payload.WithNodeStore(n.store)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eventCache(t, url, n.store, WithPayload(r), WithNode(n.name), WithPayloadSweep(-1))
+	}
+	nodeA, nodeB, nodeC := newShmNode(t, "node-a"), newShmNode(t, "node-b"), newShmNode(t, "node-c")
+	a, b, c := process(nodeA), process(nodeB), process(nodeC, payload.WithPullToNodeStore())
+	var cnt counter
+	if _, err := a.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	a.Release("r")
+	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1)); err != nil || path != PathComputed {
+		t.Fatalf("node B: %v %v", path, err)
+	}
+	b.Release("r")
+	if loc := readRecord(t, b, ref(1)).Record.Location; loc == nil || loc.Node != "node-b" {
+		t.Fatalf("the record names %+v, want node B's payload", loc)
+	}
+	if _, path, err := c.GetOrComputePath(ctx, "r", ref(1), noCompute(t)); err != nil || path != PathRemoteHit {
+		t.Fatalf("node C: %v %v", path, err)
+	}
+	c.Release("r")
+	obj := ref(1).Object()
+	a.sweepPayloads(ctx, 0)
+	if _, err := os.Stat(nodeA.store.Path(obj)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("node A's file of the key past A's sweep: %v", err)
+	}
+	b.sweepPayloads(ctx, 0)
+	c.sweepPayloads(ctx, 0)
+	for _, n := range []*shmNode{nodeB, nodeC} {
+		if _, err := os.Stat(n.store.Path(obj)); err != nil {
+			t.Errorf("%s's file of the live value went: %v", n.name, err)
+		}
+	}
 }
