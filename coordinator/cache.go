@@ -91,7 +91,8 @@ type Cache struct {
 	gaveUp   bool                    // Close has stopped waiting for the computes left; guarded by mu
 	settled  chan struct{}           // 1-buffered: a request ended or left its compute after Close began
 
-	bg sync.WaitGroup
+	bg   sync.WaitGroup
+	shut chan struct{} // closed when Close has finished: a second Close waits for it
 }
 
 // New returns a Cache over the NATS connection nc (which the caller keeps
@@ -133,7 +134,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.payloadSweep > 0 && s.router.NodeStore() == nil {
 		return nil, fmt.Errorf("%w: WithPayloadSweep needs a node store (payload.WithNodeStore)", ErrInvalidOption)
 	}
-	c := &Cache{s: s, started: time.Now(), leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1)}
+	c := &Cache{s: s, started: time.Now(), leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1), shut: make(chan struct{})}
 	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
 	local, err := localcache.New[localKey, *payload.Value](append([]localcache.Option{
@@ -907,25 +908,34 @@ func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 // request that is not computing (a read, a pull, an abandon, each ended
 // by its ctx or its op timeout) is always waited for, so nothing is
 // written to or read from the bucket for a request after Close has
-// returned. Known gaps: a second Close returns at once, before the first
-// has; a reservation whose create was sent before Close cancelled it, and
-// lands after, is left to expire with its lease TTL; a Reservation that
-// Close stopped does not end (Done stays open).
+// returned. Known gaps: a reservation whose create was sent before Close
+// cancelled it, and lands after, is left to expire with its lease TTL; a
+// Reservation that Close stopped does not end (Done stays open).
 //
 // Then it stops the event link, the background reconnects, the heartbeats
 // of leases still held (a Reservation not committed nor abandoned, a
 // compute given up: they expire on the server) and the tombstone reads
 // the bucket shares between requests (lease.Bucket.Close): none of the
 // Cache's goroutines is left but those of computes still running. The
-// connection stays open. Calls after the first return nil at once.
+// connection stays open.
+//
+// A Close called while another is in progress waits for that one to
+// finish; one called after it returns nil at once. So Close must not be
+// called from code that runs inside a request Close waits for (an
+// Observer's method, a payload transport's): it would wait for itself
+// for ever. Called from a ComputeFunc, it returns once Close has given up
+// on that compute, a lease TTL later. From such code, call it on a
+// goroutine of its own.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed.Load() {
 		c.mu.Unlock()
+		<-c.shut
 		return nil
 	}
 	c.closed.Store(true)
 	c.mu.Unlock()
+	defer close(c.shut)
 	c.endLife(ErrClosed)
 	c.awaitRequests(c.s.leaseTTL)
 	c.bg.Wait()

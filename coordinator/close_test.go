@@ -315,3 +315,58 @@ func TestCallsAfterCloseAreRefused(t *testing.T) {
 		t.Errorf("the reservation was committed or abandoned after Close: %+v", e)
 	}
 }
+
+// TestASecondCloseWaitsForTheFirst: a Close called while another is in
+// progress returns only once that one has finished (here: once it has
+// given up on a compute that ignores its ctx, then closed the event
+// link, whose subscriptions are gone).
+func TestASecondCloseWaitsForTheFirst(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	store := payload.NewMemoryStore("test-node", 0)
+	nc := connect(t, url)
+	// A request first: the connection's reply subscription, which stays,
+	// is there before the Cache's.
+	nc.Request("test.nobody", nil, time.Second)
+	subs := nc.NumSubscriptions()
+	c, err := New(ctx, nc, route(t, payload.TransportMemory, store), WithLeaseTTL(time.Second),
+		WithNode("test-node"), WithEvents(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitFor(t, func() bool { return c.eventLink() != nil })
+	started, releasec := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(releasec) })
+	defer release()
+	got := make(chan result, 1)
+	go func() {
+		v, path, err := c.GetOrComputePath(ctx, "r", ref(9), func(context.Context) (*payload.Value, error) {
+			close(started)
+			<-releasec // ignores its ctx: the first Close waits a lease TTL for it
+			return embedding(9), nil
+		})
+		got <- result{v, path, err}
+	}()
+	<-started
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		c.Close()
+	}()
+	<-c.life.Done() // the first Close has begun
+	c.Close()
+	if now := nc.NumSubscriptions(); now != subs {
+		t.Errorf("the second Close returned before the first had finished (%d subscriptions, %d before it)", now, subs)
+	}
+	<-first
+	release()
+	if r := within(t, got); !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the computing request got %v %v, want ErrClosed", r.path, r.err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.WaitFlight(wctx, ref(9)); err != nil {
+		t.Fatal(err)
+	}
+}
