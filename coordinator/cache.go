@@ -908,9 +908,10 @@ func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 // request that is not computing (a read, a pull, an abandon, each ended
 // by its ctx or its op timeout) is always waited for, so nothing is
 // written to or read from the bucket for a request after Close has
-// returned. Known gaps: a reservation whose create was sent before Close
-// cancelled it, and lands after, is left to expire with its lease TTL; a
-// Reservation that Close stopped does not end (Done stays open).
+// returned. A reservation whose create was sent before Close began is
+// waited for (at most the op timeout) and, if it landed, given back as an
+// abandon gives it. Known gap: a Reservation that Close stopped does not
+// end (Done stays open).
 //
 // Then it stops the event link, the background reconnects, the heartbeats
 // of leases still held (a Reservation not committed nor abandoned, a

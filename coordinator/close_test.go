@@ -370,3 +370,64 @@ func TestASecondCloseWaitsForTheFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// closeDuringCreate is a lease store whose creates start the Cache's
+// Close (on a goroutine of its own: Close waits for the request that
+// creates) and land only once Close has begun. An answer its caller no
+// longer waits for is lost, as a reply to a request that gave up is.
+type closeDuringCreate struct {
+	lease.Store
+	closing func() // starts Close, returns once it has begun
+}
+
+func (s closeDuringCreate) Create(ctx context.Context, key string, r lease.Record, ttl time.Duration) (uint64, error) {
+	s.closing()
+	rev, err := s.Store.Create(context.WithoutCancel(ctx), key, r, ttl) // it lands
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	return rev, err
+}
+
+// TestCloseGivesBackAReservationThatLandsAfterIt: a reservation whose
+// create was sent before Close began and lands after is given back
+// (purged on its revision) before Close returns: other processes need
+// not wait out its lease TTL. For Reserve and for GetOrCompute's.
+func TestCloseGivesBackAReservationThatLandsAfterIt(t *testing.T) {
+	for _, call := range []struct {
+		name    string
+		reserve func(c *Cache) error
+	}{
+		{"Reserve", func(c *Cache) error { _, err := c.Reserve(context.Background(), ref(10)); return err }},
+		{"GetOrCompute", func(c *Cache) error {
+			_, err := c.GetOrCompute(context.Background(), "r", ref(10), noCompute(t))
+			return err
+		}},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			url := startServer(t).ClientURL()
+			store := payload.NewMemoryStore("test-node", 0)
+			var c *Cache
+			closed := make(chan struct{})
+			closing := func() {
+				go func() {
+					defer close(closed)
+					c.Close()
+				}()
+				<-c.life.Done()
+			}
+			hook := func(s *settings) error {
+				s.leaseStore = func(st lease.Store) lease.Store { return closeDuringCreate{st, closing} }
+				return nil
+			}
+			c = newCache(t, url, store, WithLeaseTTL(30*time.Second), hook)
+			if err := call.reserve(c); !errors.Is(err, ErrClosed) {
+				t.Errorf("the reservation in flight got %v, want ErrClosed", err)
+			}
+			<-closed
+			if e := recordOf(t, url, ref(10)); e.Live {
+				t.Errorf("Close returned with the reservation live (rev %d, %v): other processes wait out its lease TTL", e.Rev, e.Record.State)
+			}
+		})
+	}
+}

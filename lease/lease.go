@@ -189,6 +189,12 @@ type attempt struct {
 // the key is live; ErrLate that the create was acknowledged after its
 // deadline (the record is left to expire: try again); ErrInvalidConfig and
 // ErrBadRecord that cfg or rec cannot make a lease.
+//
+// A create once sent is waited for even if ctx ends meanwhile (at most the
+// op timeout): one that lands for a caller gone by then is given back
+// (purged on its revision, before its deadline), and Acquire returns
+// ctx's error, so no record is left held for a lease TTL by a caller that
+// stopped waiting. A create that goes unanswered is left to expire.
 func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (*Lease, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -196,10 +202,13 @@ func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (
 	if rec.State != StateComputing {
 		return nil, fmt.Errorf("%w: a lease is taken with a computing record, not %v", ErrBadRecord, rec.State)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// An answer after the deadline is worthless (ErrLate): neither wait for
 	// one nor send the create again (Bucket.Create resends a write refused
 	// while another is in flight) past it.
-	octx, cancel := context.WithTimeout(ctx, min(cfg.OpTimeout, cfg.TTL-cfg.ClockAllowance))
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cfg.OpTimeout, cfg.TTL-cfg.ClockAllowance))
 	sent := cfg.Clock.Now()
 	rev, err := b.Create(octx, key, rec, cfg.TTL)
 	cancel()
@@ -214,6 +223,19 @@ func Acquire(ctx context.Context, b Store, key string, rec Record, cfg Config) (
 			h(key)
 		}
 		return nil, fmt.Errorf("%w: %s acknowledged %v after its deadline", ErrLate, key, late)
+	}
+	if ctx.Err() != nil {
+		// The caller is gone: the key goes back, as an abandon would
+		// give it (nothing is written past the deadline).
+		if left := deadline.Sub(cfg.Clock.Now()); left > 0 {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cfg.OpTimeout, left))
+			perr := b.Purge(pctx, key, rev)
+			cancel()
+			if perr != nil && !errors.Is(perr, ErrLost) {
+				return nil, fmt.Errorf("lease: %s reserved after its caller stopped waiting, and not given back (it expires): %w (%w)", key, perr, ctx.Err())
+			}
+		}
+		return nil, fmt.Errorf("lease: %s reserved after its caller stopped waiting, and given back: %w", key, ctx.Err())
 	}
 	rec.Reserved = rev
 	l := &Lease{b: b, cfg: cfg, key: key, ttl: cfg.TTL, clock: cfg.Clock,

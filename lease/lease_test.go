@@ -195,6 +195,28 @@ func TestAbandonFreesTheKey(t *testing.T) {
 	}
 }
 
+// TestACancelledAcquireGivesTheKeyBack: a create whose caller stops
+// waiting while it is in flight (its ctx ends before the answer) is still
+// answered, and a key it took is given back: Acquire returns ctx's error
+// and the key is free at once, not a lease TTL later.
+func TestACancelledAcquireGivesTheKeyBack(t *testing.T) {
+	f := newFixture(t, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	f.onNext("create", func(err error) error { cancel(); return err }) // landed; the caller has gone
+	rec := Record{V: RecordVersion, State: StateComputing, Owner: "test/1/x", Nonce: "n"}
+	l, err := Acquire(ctx, f.store(), kvKey(9), rec, f.config())
+	if err == nil {
+		l.Stop()
+		t.Fatal("Acquire returned a lease to a caller whose ctx had ended")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire: %v, want context.Canceled", err)
+	}
+	if cur := f.read(t, kvKey(9)); cur.Live {
+		t.Fatalf("the key a cancelled Acquire took is still held: %+v", cur)
+	}
+}
+
 // The server keeps TTLs in whole seconds and truncates a fraction: what
 // is sent is rounded up, so no message expires before its writer's deadline.
 func TestWholeSeconds(t *testing.T) {
