@@ -910,12 +910,12 @@ func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 // written to or read from the bucket for a request after Close has
 // returned. A reservation whose create was sent before Close began is
 // waited for (at most the op timeout) and, if it landed, given back as an
-// abandon gives it. Known gap: a Reservation that Close stopped does not
-// end (Done stays open).
+// abandon gives it.
 //
 // Then it stops the event link, the background reconnects, the heartbeats
 // of leases still held (a Reservation not committed nor abandoned, a
-// compute given up: they expire on the server) and the tombstone reads
+// compute given up: they expire on the server; such a Reservation ends,
+// its Err wrapping ErrClosed) and the tombstone reads
 // the bucket shares between requests (lease.Bucket.Close): none of the
 // Cache's goroutines is left but those of computes still running. The
 // connection stays open.
@@ -947,7 +947,7 @@ func (c *Cache) Close() error {
 	}
 	c.mu.Unlock()
 	for _, l := range leases {
-		l.Stop()
+		l.Orphan(errOrphaned)
 	}
 	for _, r := range c.tel.registrations {
 		r.Unregister()

@@ -431,3 +431,28 @@ func TestCloseGivesBackAReservationThatLandsAfterIt(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseEndsTheReservationsItStops: a Reservation its caller had not
+// committed nor abandoned ends with Close (Done closes, Err wraps
+// ErrClosed); its record is left to expire, as a stopped process's is.
+func TestCloseEndsTheReservationsItStops(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	c := newCache(t, url, payload.NewMemoryStore("test-node", 0), WithLeaseTTL(30*time.Second))
+	res, err := c.Reserve(ctx, ref(11))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	select {
+	case <-res.Done():
+	default:
+		t.Fatal("the reservation Close stopped has not ended (Done is open)")
+	}
+	if err := res.Err(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Err of the reservation Close stopped: %v, want ErrClosed", err)
+	}
+	if e := recordOf(t, url, ref(11)); !e.Live || e.Record.State != lease.StateComputing {
+		t.Errorf("the stopped reservation's record was written: %+v", e)
+	}
+}

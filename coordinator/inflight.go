@@ -27,6 +27,11 @@ import (
 // for it: its request does nothing more with the store.
 var errGivenUp = fmt.Errorf("%w: the compute returned after Close had stopped waiting for it", ErrClosed)
 
+// errOrphaned ends a lease that Close stopped renewing (a Reservation
+// neither committed nor abandoned, a compute given up): its record
+// expires with its lease TTL.
+var errOrphaned = fmt.Errorf("%w: the lease is no longer renewed; its record expires with its TTL", ErrClosed)
+
 // enter registers a request; exit must follow when it returns. After
 // Close has begun it is ErrClosed, and nothing is registered.
 func (c *Cache) enter() error {

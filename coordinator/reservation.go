@@ -26,10 +26,11 @@ func (r *Reservation) Ref() Ref { return r.ref }
 func (r *Reservation) Revision() uint64 { return r.l.Revision() }
 
 // Done returns a channel that closes when the reservation ends: committed,
-// abandoned, or lost (then Err says why).
+// abandoned, lost, or stopped by Close (then Err says why).
 func (r *Reservation) Done() <-chan struct{} { return r.l.Done() }
 
-// Err returns ErrLeaseLost (wrapped) if the lease was lost, else nil.
+// Err returns ErrLeaseLost (wrapped) if the lease was lost, ErrClosed
+// (wrapped) if Close stopped it, else nil.
 func (r *Reservation) Err() error { return r.l.Err() }
 
 // Commit writes v through the payload plane and then, on the lease's
@@ -41,7 +42,7 @@ func (r *Reservation) Err() error { return r.l.Err() }
 // After Close has begun it is ErrClosed and writes nothing; one in flight
 // when Close is called is cancelled, and its error wraps ErrClosed
 // (whether its record landed is then unknown). Either way the
-// reservation is left to expire: Close stops renewing it.
+// reservation is left to expire: Close stops renewing it, and ends it.
 func (r *Reservation) Commit(ctx context.Context, v *payload.Value) (payload.Location, error) {
 	if err := r.c.enter(); err != nil {
 		return payload.Location{}, err

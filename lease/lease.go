@@ -262,10 +262,11 @@ func (l *Lease) Revision() uint64 {
 }
 
 // Done returns a channel that closes when the lease ends: committed,
-// abandoned, or lost (then Err says why).
+// abandoned, lost or orphaned (then Err says why).
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
-// Err returns ErrLost (wrapped) if the lease was lost, else nil.
+// Err returns ErrLost (wrapped) if the lease was lost, Orphan's error if
+// it was orphaned, else nil.
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -666,10 +667,20 @@ func (l *Lease) endedErr() error {
 
 // Stop stops renewing the lease without ending it (Done stays open) and
 // waits for the heartbeats to stop: the key stays held until its TTL runs
-// out on the server, as for a process that stopped. For a holder's Close,
-// and for tests of a paused holder.
+// out on the server, as for a process that stopped. For tests of a paused
+// holder; a holder that closes orphans its leases (Orphan).
 func (l *Lease) Stop() {
 	l.stopOnce.Do(func() { close(l.stopBeats) })
+	<-l.beatsDone
+}
+
+// Orphan stops renewing the lease and ends it with err (Done closes, Err
+// and Held return err), writing nothing: the key stays held until its TTL
+// runs out on the server, as for a process that stopped. It waits for the
+// heartbeats to stop. A lease that had ended keeps its end. For a
+// holder's Close, as etcd's Session.Orphan.
+func (l *Lease) Orphan(err error) {
+	l.end(err)
 	<-l.beatsDone
 }
 

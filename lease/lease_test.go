@@ -195,6 +195,37 @@ func TestAbandonFreesTheKey(t *testing.T) {
 	}
 }
 
+// TestOrphanEndsWithoutWriting: an orphaned lease ends (Done closes, Err
+// is the orphan's error, Ended is heard) and writes nothing: its record
+// stays, to expire on the server.
+func TestOrphanEndsWithoutWriting(t *testing.T) {
+	f := newFixture(t, false)
+	l := f.acquire(t, 10)
+	rev := l.Revision()
+	errClosing := errors.New("closing")
+	l.Orphan(errClosing)
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("an orphaned lease has not ended")
+	}
+	if err := l.Err(); err != errClosing {
+		t.Fatalf("Err %v, want the orphan's error", err)
+	}
+	if err := l.Held(); err != errClosing {
+		t.Fatalf("Held %v, want the orphan's error", err)
+	}
+	if cur := f.read(t, kvKey(10)); !cur.Live || cur.Rev != rev {
+		t.Fatalf("the orphaned lease wrote: %+v, want revision %d left", cur, rev)
+	}
+	f.mu.Lock()
+	ended := f.ended
+	f.mu.Unlock()
+	if ended != 1 {
+		t.Fatalf("ended heard %d times", ended)
+	}
+}
+
 // TestACancelledAcquireGivesTheKeyBack: a create whose caller stops
 // waiting while it is in flight (its ctx ends before the answer) is still
 // answered, and a key it took is given back: Acquire returns ctx's error
