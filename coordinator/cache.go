@@ -890,12 +890,14 @@ func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 
 // Close ends the Cache. It cancels the requests in flight
 // (GetOrCompute, Get, Reserve, a Reservation's Commit and Abandon,
-// Invalidate, Ping): their waits, pulls, reservations and commits stop, a
-// caller's compute sees its ctx end, and a key it held is abandoned as
-// after a failed compute, so other processes take it at once. Their
-// callers get an error wrapping ErrClosed (but for a request that had its
-// answer already), and so does every call made after Close has begun, at
-// once.
+// Ping): their waits, pulls, reservations and commits stop, a caller's
+// compute sees its ctx end, and a key it held is abandoned as after a
+// failed compute, so other processes take it at once. Their callers get
+// an error wrapping ErrClosed (but for a request that had its answer
+// already), and so does every call made after Close has begun, at once.
+// An Invalidate in flight is not cancelled but finished (its tombstone
+// and its event, each within the op timeout): cut short between the two,
+// it would leave a tombstone whose event no process hears.
 //
 // Close returns once those requests have returned, waiting at most a
 // lease TTL (WithLeaseTTL) for the computes among them: the bound is the
@@ -905,20 +907,20 @@ func (c *Cache) Drop(ref Ref) bool { return c.local.Remove(ref.local()) }
 // renewing is theirs a TTL later). Such a compute is left running; when
 // it returns, its value is dropped and its request does nothing more with
 // the store (no commit, no abandon: its key expires with its lease). A
-// request that is not computing (a read, a pull, an abandon, each ended
-// by its ctx or its op timeout) is always waited for, so nothing is
-// written to or read from the bucket for a request after Close has
-// returned. A reservation whose create was sent before Close began is
-// waited for (at most the op timeout) and, if it landed, given back as an
-// abandon gives it.
+// request that is not computing (a read, a pull, an abandon, an
+// invalidation, each ended by its ctx or its op timeout) is always waited
+// for, so nothing is written to or read from the bucket for a request
+// after Close has returned. A reservation whose create was sent before
+// Close began is waited for too (within the op timeout) and, if it
+// landed, given back as an abandon gives it (lease.Acquire).
 //
 // Then it stops the event link, the background reconnects, the heartbeats
 // of leases still held (a Reservation not committed nor abandoned, a
-// compute given up: they expire on the server; such a Reservation ends,
-// its Err wrapping ErrClosed) and the tombstone reads
-// the bucket shares between requests (lease.Bucket.Close): none of the
-// Cache's goroutines is left but those of computes still running. The
-// connection stays open.
+// compute given up: they expire on the server, and such a Reservation
+// ends, its Err wrapping ErrClosed) and the tombstone reads the bucket
+// shares between requests (lease.Bucket.Close): none of the Cache's
+// goroutines is left but those of computes still running. The connection
+// stays open.
 //
 // A Close called while another is in progress waits for that one to
 // finish; one called after it returns nil at once. So Close must not be
@@ -970,7 +972,12 @@ func (c *Cache) Close() error {
 // epoch stale, as the package's Invalidate does, and drops this process's
 // copies at once (the others drop theirs when the invalidated event
 // reaches them). It needs the event stream (WithEvents). After Close has
-// begun, or cancelled by it, it is ErrClosed (wrapped).
+// begun it is ErrClosed (wrapped). Close does not cancel one in flight but
+// waits for it (its tombstone and its event, each within the op timeout):
+// a tombstone written without its event would leave the other processes'
+// copies of the labels in use. An error that says the event was not
+// published (the caller's ctx ended, the stream did not answer) means
+// that the tombstone is written: invalidate again.
 func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
 	if err := c.enter(); err != nil {
 		return err
@@ -984,13 +991,23 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint
 	if l == nil || b == nil {
 		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
 	}
-	ctx, cancel := c.bind(ctx)
-	defer cancel()
+	// Not bound to the Cache's life (bind): a write Close cut short could
+	// land all the same, and no one here would publish its event after
+	// Close.
 	octx, ocancel := c.opContext(ctx)
-	defer ocancel()
-	e, err := invalidate(octx, b, l.pub, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
+	e, err := writeTombstone(octx, b, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
+	ocancel()
 	if err != nil {
-		return closedErr(ctx, err)
+		return err
+	}
+	if h := c.s.tombstoneWritten; h != nil {
+		h(c.life)
+	}
+	octx, ocancel = c.opContext(ctx)
+	err = publishInvalidation(octx, l.pub, e)
+	ocancel()
+	if err != nil {
+		return err
 	}
 	l.apply(*e)
 	return nil

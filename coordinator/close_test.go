@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // heldGets is a payload transport whose first Get, once started, waits
@@ -454,5 +456,47 @@ func TestCloseEndsTheReservationsItStops(t *testing.T) {
 	}
 	if e := recordOf(t, url, ref(11)); !e.Live || e.Record.State != lease.StateComputing {
 		t.Errorf("the stopped reservation's record was written: %+v", e)
+	}
+}
+
+// TestCloseLetsAnInvalidationPublishItsEvent: an Invalidate that has
+// written its tombstone when Close begins still publishes its
+// invalidated event, before Close returns, and returns nil: no tombstone
+// is left without the event that drops the other processes' copies.
+// (Close begins from inside the Invalidate, on a goroutine of its own:
+// Close waits for the Invalidate.)
+func TestCloseLetsAnInvalidationPublishItsEvent(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	var c *Cache
+	closed := make(chan struct{})
+	hook := func(s *settings) error {
+		s.tombstoneWritten = func(closing context.Context) {
+			go func() {
+				defer close(closed)
+				c.Close()
+			}()
+			<-closing.Done() // Close has begun
+		}
+		return nil
+	}
+	c = newCache(t, url, payload.NewMemoryStore("test-node", 0), WithEvents(0), hook)
+	waitFor(t, func() bool { return c.eventLink() != nil })
+	err := c.Invalidate(ctx, "acme", "m", 1)
+	<-closed
+	js, jerr := jetstream.New(connect(t, url))
+	if jerr != nil {
+		t.Fatal(jerr)
+	}
+	stream, jerr := js.Stream(ctx, events.StreamName)
+	if jerr != nil {
+		t.Fatal(jerr)
+	}
+	e := events.Event{Kind: events.KindInvalidated, Tenant: "acme", Key: events.InvalidationKey("m", 1)}
+	if _, jerr := stream.GetLastMsgForSubject(ctx, e.Subject()); jerr != nil {
+		t.Errorf("Close returned, the tombstone written, without the invalidated event: %v (Invalidate: %v)", jerr, err)
+	}
+	if err != nil {
+		t.Errorf("Invalidate: %v, want nil (its event was published)", err)
 	}
 }

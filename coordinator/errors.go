@@ -33,7 +33,9 @@ var (
 	ErrTenant = errors.New("coordinator: tenant not served by this cache")
 	// ErrClosed is returned (wrapped) by calls made after Close has
 	// begun, and by calls in flight that Close cancelled: GetOrCompute,
-	// Get, Reserve, a Reservation's Commit and Abandon, Invalidate, Ping.
+	// Get, Reserve, a Reservation's Commit and Abandon, Ping (an
+	// Invalidate in flight is finished). A Reservation that Close stopped
+	// ends with it (Reservation.Err).
 	ErrClosed = errors.New("coordinator: cache closed")
 	// ErrComputeTimeout is returned to a caller whose compute, or whose
 	// wait for another process's compute, outlasted the compute timeout

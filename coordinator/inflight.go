@@ -14,8 +14,9 @@ import (
 // Invalidate, Ping), or one flight of the local cache that resolves a key
 // for such calls (it runs on a goroutine of its own, for every caller
 // that joins it). Each enters (enter) and exits (exit); its ctx ends when
-// Close begins (bind). Close waits for them (awaitRequests), but only up
-// to its bound for those running their caller's compute (compute).
+// Close begins (bind), but for an Invalidate's, which is finished. Close
+// waits for them (awaitRequests), but only up to its bound for those
+// running their caller's compute (compute).
 //
 // The count is an atomic, not mu: a local hit enters too, and must not
 // queue behind the other requests for a lock. It pairs with closed as a

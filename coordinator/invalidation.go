@@ -91,7 +91,9 @@ func (c *Cache) dropInvalidated(ctx context.Context, b *lease.Bucket, ref Ref, v
 // before it, with or without a reconciler (docs/protocol.md 4.4). Then it
 // publishes the invalidated event: every process drops its local copies
 // when it arrives, and the reconciler removes the records and payloads.
-// The bucket and the event stream must exist (ErrStoreUnavailable).
+// The bucket and the event stream must exist (ErrStoreUnavailable). An
+// error that says the event was not published means that the tombstone
+// is written: invalidate again.
 func Invalidate(ctx context.Context, nc *nats.Conn, inv Invalidation) error {
 	s := defaults()
 	if inv.Bucket != "" {
@@ -138,6 +140,20 @@ type Invalidation struct {
 // the event.
 func invalidate(ctx context.Context, b *lease.Bucket, pub *events.Publisher, owner, node, tenant, model string,
 	epoch uint64, storeTTL time.Duration) (*events.Event, error) {
+	e, err := writeTombstone(ctx, b, owner, node, tenant, model, epoch, storeTTL)
+	if err != nil {
+		return nil, err
+	}
+	if err := publishInvalidation(ctx, pub, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// writeTombstone writes an invalidation's tombstone and returns the
+// invalidated event to publish next.
+func writeTombstone(ctx context.Context, b *lease.Bucket, owner, node, tenant, model string,
+	epoch uint64, storeTTL time.Duration) (*events.Event, error) {
 	if err := cachekey.ValidateTenant(tenant); err != nil {
 		return nil, fmt.Errorf("coordinator: invalidate: %w", err)
 	}
@@ -150,10 +166,15 @@ func invalidate(ctx context.Context, b *lease.Bucket, pub *events.Publisher, own
 	if err := b.PutTombstone(ctx, tenant, model, epoch, tomb, lease.TombstoneTTL(storeTTL)); err != nil {
 		return nil, err
 	}
-	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant,
-		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: node, Time: now}
+	return &events.Event{Kind: events.KindInvalidated, Tenant: tenant,
+		Key: events.InvalidationKey(model, epoch), Model: model, Epoch: epoch, Node: node, Time: now}, nil
+}
+
+// publishInvalidation publishes e, the event of a tombstone written. Its
+// error says so: the caller invalidates again.
+func publishInvalidation(ctx context.Context, pub *events.Publisher, e *events.Event) error {
 	if err := pub.PublishSync(ctx, e); err != nil {
-		return nil, err
+		return fmt.Errorf("coordinator: invalidate: the tombstone is written but the invalidated event was not published (invalidate again): %w", err)
 	}
-	return e, nil
+	return nil
 }

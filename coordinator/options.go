@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -65,6 +66,10 @@ type settings struct {
 	clock          Clock
 	leaseStore     func(lease.Store) lease.Store // test hook: what the leases write and read through (default: the bucket)
 	observer       Observer
+
+	// test hook: called by Cache.Invalidate between its tombstone and its
+	// event, with a ctx that ends when Close begins
+	tombstoneWritten func(closing context.Context)
 }
 
 // Observer hears of every lease decision this Cache makes, with its
