@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 )
 
@@ -98,5 +99,90 @@ func TestReviewCloseWaitsForACommitStuckOnAFileLock(t *testing.T) {
 	r := within(t, got)
 	if r.err == nil {
 		c.Release("r")
+	}
+}
+
+// TestReviewCloseWithTheServerGoneMidInvalidate: 9a8c335 lets an
+// Invalidate in flight finish (its tombstone, then its event, "each within
+// the op timeout") and Close waits for it. The NATS server stops right
+// after the tombstone is written, and Close begins then: the publish fails
+// within its op timeout, Invalidate says the event was not published, and
+// Close returns within a bound of a few op timeouts, leaving no goroutine
+// of the Cache (the package's goleak check).
+func TestReviewCloseWithTheServerGoneMidInvalidate(t *testing.T) {
+	ctx := context.Background()
+	srv := startServer(t)
+	var c *Cache
+	closed := make(chan time.Duration, 1)
+	hook := func(s *settings) error {
+		s.tombstoneWritten = func(closing context.Context) {
+			srv.Shutdown()
+			start := time.Now()
+			go func() {
+				c.Close()
+				closed <- time.Since(start)
+			}()
+			<-closing.Done()
+		}
+		return nil
+	}
+	const op = 500 * time.Millisecond
+	c = newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0), WithEvents(0), WithOpTimeout(op), hook)
+	waitFor(t, func() bool { return c.eventLink() != nil })
+	start := time.Now()
+	err := c.Invalidate(ctx, "acme", "m", 1)
+	took := time.Since(start)
+	if err == nil || !contains(err.Error(), "tombstone is written") {
+		t.Errorf("Invalidate with the server gone after its tombstone: %v, want the event-not-published error", err)
+	}
+	select {
+	case d := <-closed:
+		t.Logf("Invalidate returned after %v (%v), Close after %v", took, err, d)
+		if d > 10*op+5*time.Second {
+			t.Errorf("Close took %v with an Invalidate in flight and the server gone (op timeout %v)", d, op)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Close did not return in 60s with the server gone")
+	}
+}
+
+// TestReviewAWorkersSweepLeavesTheAgentsPulledCopy: 6c8ab85 keeps a
+// node's file of another node's live value only in a process whose router
+// pulls into the node's store (WithPullToNodeStore), and decides that per
+// sweeping process. But the store is the node's, shared by its processes
+// (docs/operations.md runs `embcache agent` and `embcache worker` on one
+// machine with the same --shm-dir and, by default, the same --node, the
+// hostname; `embcache agent` pulls into the store, a worker does not).
+// The agent's copy of node B's live value, the file its clients map, is
+// removed by the worker's sweep (before 6c8ab85, a live record of its
+// bytes kept it): docs/protocol.md 4.4 says a process that pulls values
+// into its store "keeps it as its copy of that value".
+func TestReviewAWorkersSweepLeavesTheAgentsPulledCopy(t *testing.T) {
+	ctx := context.Background()
+	url := startServer(t).ClientURL()
+	a, b := newShmNode(t, "node-a"), newShmNode(t, "node-b")
+	var cnt counter
+	if _, err := b.cache(t, url).GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	agent := a.cache(t, url, payload.WithPullToNodeStore()) // node A's agent
+	worker := a.cache(t, url)                               // a worker of node A, same store and node name
+	if _, path, err := agent.GetOrComputePath(ctx, "r", ref(1), noCompute(t)); err != nil || path != PathRemoteHit {
+		t.Fatalf("the agent's read of B's value: %v %v", path, err)
+	}
+	agent.Release("r")
+	obj := ref(1).Object()
+	if _, err := os.Stat(a.store.Path(obj)); err != nil {
+		t.Fatalf("the agent's pulled copy: %v", err)
+	}
+	if n := agent.sweepPayloads(ctx, 0); n != 0 {
+		t.Fatalf("the agent's own sweep removed %d files", n)
+	}
+	worker.sweepPayloads(ctx, 0)
+	if e := recordOf(t, url, ref(1)); !e.Live || e.Record.Location == nil || e.Record.Location.Node != "node-b" {
+		t.Fatalf("B's record: %+v", e)
+	}
+	if _, err := os.Stat(a.store.Path(obj)); err != nil {
+		t.Errorf("node A's worker swept the agent's copy of B's live value (the file the agent's clients map): %v", err)
 	}
 }
