@@ -179,3 +179,43 @@ func TestReviewAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock
 	}
 	// The test's cleanup ends the holder: the blocked calls return then.
 }
+
+// TestReviewADeleteOfNoFileSeenLeavesAFilePutSince: a deleter whose
+// generation read found no file (the zero Generation) and that deletes
+// anyway, after a Put of the key, leaves the file put since. (Checked: it
+// holds.)
+func TestReviewADeleteOfNoFileSeenLeavesAFilePutSince(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(testDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testValue(1000)
+	enc, _ := payload.Encode(v)
+	sum, _ := payload.Sum(v)
+	loc := payload.Location{Transport: payload.TransportShm, Node: s.Node(), Address: s.Dir(), Object: obj(43).String(),
+		Size: int64(len(enc)), Checksum: sum}
+	seen, err := s.Generation(ctx, loc)
+	if err != nil || seen != (payload.Generation{}) {
+		t.Fatalf("generation of no file: %+v %v", seen, err)
+	}
+	if _, err := s.Put(ctx, obj(43), v); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, loc, seen); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.Path(obj(43))); err != nil {
+		t.Fatalf("a delete of no file seen removed the file put since: %v", err)
+	}
+	m := payload.NewMemoryStore("n", 0)
+	seen, _ = m.Generation(ctx, loc)
+	mloc, err := m.Put(ctx, obj(43), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Delete(ctx, mloc, seen)
+	if _, err := m.Open(ctx, obj(43)); err != nil {
+		t.Fatalf("MemoryStore: a delete of no object seen removed the object put since: %v", err)
+	}
+}
