@@ -221,11 +221,12 @@ func WithStoreTTL(d time.Duration) Option {
 }
 
 // WithPayloadSweep sets how often this process removes the files of its
-// node store (payload.WithNodeStore) that no live committed record names:
-// expired or invalidated while no reconciler ran, left by a commit that
-// failed, or of a key computed again on another node (a router that pulls
-// values into the store keeps those: its copies). A file is kept while it
-// is younger than one interval (a commit may be about to name it).
+// node store (payload.WithNodeStore) that hold no live committed record's
+// bytes: expired or invalidated while no reconciler ran, left by a commit
+// that failed, or of a key computed again to other bytes. A file with the
+// live record's bytes is a copy of the value, wherever the record says it
+// is, and stays. A file is kept while it is younger than one interval (a
+// commit may be about to name it).
 // Default: half the store TTL, between 30 s and 10 min; d < 0 turns it
 // off.
 func WithPayloadSweep(d time.Duration) Option {

@@ -136,11 +136,11 @@ func TestASweepLeavesTheSameBytesPutAgain(t *testing.T) {
 }
 
 // TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode: node A's value is
-// invalidated, and node B computes the key again, to the same bytes. A's
-// file is no live record's (B's names B's file), and A's sweep removes
-// it; B's stays, and so does the copy a process of node C pulled into its
-// store (what C's readers read). (A's sweep kept a file while any live
-// record had its checksum: it stayed as long as B's record lived.)
+// invalidated, and node B computes the key again, to other bytes (the
+// model fixed). A's file holds no live record's bytes, and A's sweep
+// removes it; B's stays, and so does the copy a process of node C pulled
+// into its store (what C's readers read). (A's sweep kept every file of
+// a key while its record lived, whatever bytes it named.)
 func TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode(t *testing.T) {
 	url := startServer(t).ClientURL()
 	ctx := context.Background()
@@ -161,7 +161,7 @@ func TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode(t *testing.T) {
 	if err := a.Invalidate(ctx, "acme", "m", 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(1)); err != nil || path != PathComputed {
+	if _, path, err := b.GetOrComputePath(ctx, "r", ref(1), cnt.fn(2)); err != nil || path != PathComputed {
 		t.Fatalf("node B: %v %v", path, err)
 	}
 	b.Release("r")

@@ -35,11 +35,13 @@ func (c *Cache) sweepLoop(every time.Duration) {
 }
 
 // sweepPayloads removes the temp files of writers that died mid-write,
-// and the shm files older than minAge that no live committed record
-// names: the record is gone (expired, invalidated, purged), names other
-// bytes, or names the same bytes in another node's payload (the key
-// computed again elsewhere; a router that pulls values into the node's
-// store keeps such a file, its copy of that value). A key being computed
+// and the shm files older than minAge that hold no live committed
+// record's bytes: the record is gone (expired, invalidated, purged) or
+// names other bytes (the key computed again, here or elsewhere, after an
+// invalidation). A file with the bytes of the key's live record is kept
+// wherever the record says they are: it is a copy of the live value, one
+// an agent of the node pulled into the store for its clients included,
+// and what the store's next pull of that value reuses. A key being computed
 // keeps its file (its commit may be about to name it), and so does any
 // file while the bucket cannot be read. It returns how many files it
 // removed. Every process of a node may sweep the same directory: a
@@ -70,7 +72,7 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 		octx, cancel := c.opContext(ctx)
 		cur, err := b.Read(octx, obj.Tenant+"."+obj.Key.String())
 		cancel()
-		if err != nil || (cur.Live && cur.Record.State != lease.StateCommitted) || (cur.Live && c.names(cur.Record, f.Location)) {
+		if err != nil || (cur.Live && cur.Record.State != lease.StateCommitted) || (cur.Live && holds(cur.Record, f.Location)) {
 			continue
 		}
 		octx, cancel = c.opContext(ctx)
@@ -84,12 +86,8 @@ func (c *Cache) sweepPayloads(ctx context.Context, minAge time.Duration) int {
 	return removed
 }
 
-// names reports whether the committed record rec names the node store's
-// file at loc: its bytes, in this node's store (payload.Router.InNodeStore),
-// or any node's if this router pulls values into the store.
-func (c *Cache) names(rec lease.Record, loc payload.Location) bool {
-	if rec.Checksum != loc.Checksum.String() || rec.Location == nil {
-		return false
-	}
-	return c.router.PullsToNodeStore() || c.router.InNodeStore(*rec.Location)
+// holds reports whether the file at loc holds the bytes of the committed
+// record rec.
+func holds(rec lease.Record, loc payload.Location) bool {
+	return rec.Location != nil && rec.Checksum == loc.Checksum.String()
 }

@@ -130,27 +130,6 @@ func (r *Router) Writer() Transport { return r.writer }
 // NodeStore is the node's store, or nil.
 func (r *Router) NodeStore() NodeStore { return r.store }
 
-// InNodeStore reports whether loc names a file of the node's store: a
-// value written on this node (read from the store whatever its
-// transport), or an shm Location of the store's directory. A file of the
-// store that holds loc's bytes but is not loc's (the key's value from
-// before it was computed again on another node) is read by nobody, unless
-// the router pulls values into the store (PullsToNodeStore).
-func (r *Router) InNodeStore(loc Location) bool {
-	if r.store == nil {
-		return false
-	}
-	if loc.Transport == TransportShm {
-		return loc.Address == r.store.Dir()
-	}
-	return loc.Node == r.node
-}
-
-// PullsToNodeStore reports whether values pulled from other nodes land in
-// the node's store (WithPullToNodeStore): a file there that holds another
-// node's value is this router's copy of it.
-func (r *Router) PullsToNodeStore() bool { return r.pullToStore }
-
 // Put writes v under obj with the writer.
 func (r *Router) Put(ctx context.Context, obj ObjectID, v *Value) (Location, error) {
 	return r.writer.Put(ctx, obj, v)

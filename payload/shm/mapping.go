@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/embcache/embcache/payload"
 	"github.com/zeebo/blake3"
@@ -194,12 +195,18 @@ func (s *Store) release(m *mapping) error {
 	return unix.Munmap(m.mem)
 }
 
+// removeWait bounds how long a reader waits to remove a corrupt file.
+const removeWait = 100 * time.Millisecond
+
 // removeIfSame removes obj's file if it is still the file version id
 // names: not one written under the name since, nor the same file put
-// again (which its next reader hashes afresh).
+// again (which its next reader hashes afresh). A file whose lock someone
+// holds for removeWait is left: its next reader finds it corrupt again.
 func (s *Store) removeIfSame(obj payload.ObjectID, id fileID) {
 	path := s.path(obj)
-	f, err := lockValue(path)
+	ctx, cancel := context.WithTimeout(context.Background(), removeWait)
+	defer cancel()
+	f, err := lockValue(ctx, path)
 	if err != nil {
 		return
 	}

@@ -178,13 +178,13 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	// Present already with these bytes: nothing to write. Present with
 	// other bytes (a value of the key from before an invalidation, which
 	// may not be served): replaced.
-	if keep(s.path(obj), size, sum) {
+	if s.keep(ctx, obj, size, sum) {
 		return s.location(obj, size, sum), nil
 	}
 	if err := ctx.Err(); err != nil {
 		return payload.Location{}, err
 	}
-	err = s.write(obj, size, sum, func(f *os.File) error {
+	err = s.write(ctx, obj, size, sum, func(f *os.File) error {
 		for _, p := range [][]byte{header, data, sum[:]} {
 			if _, err := f.Write(p); err != nil {
 				return err
@@ -219,10 +219,10 @@ func (s *Store) Receive(ctx context.Context, obj payload.ObjectID, size int64, s
 	if size < payload.PreludeSize {
 		return payload.Location{}, fmt.Errorf("%w: %d bytes, shorter than a prelude", payload.ErrCorrupt, size)
 	}
-	if keep(s.path(obj), size, sum) {
+	if s.keep(ctx, obj, size, sum) {
 		return s.location(obj, size, sum), nil
 	}
-	err := s.write(obj, size, sum, func(f *os.File) error {
+	err := s.write(ctx, obj, size, sum, func(f *os.File) error {
 		got, err := copyHashing(ctx, f, r, size)
 		if err != nil {
 			return err
@@ -315,14 +315,17 @@ func decodes(f *os.File, size int64) error {
 // while it waited is not; the file there now is locked instead). The
 // caller closes the file, which unlocks it. No file there is an error
 // wrapping fs.ErrNotExist; anything but a regular file, one wrapping
-// errNotAFile (or ELOOP, a link).
-func lockValue(path string) (*os.File, error) {
+// errNotAFile (or ELOOP, a link). It waits for the lock until ctx ends
+// (then ctx's error): whoever can open the file can hold its lock (a
+// process paused with it, or another local user), and a writer or a
+// deleter must not wait on them for ever.
+func lockValue(ctx context.Context, path string) (*os.File, error) {
 	for {
 		f, err := openFile(path)
 		if err != nil {
 			return nil, err
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		if err := flockContext(ctx, f); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("locking %s: %w", path, err)
 		}
@@ -335,17 +338,59 @@ func lockValue(path string) (*os.File, error) {
 	}
 }
 
-// keep puts again the file under final if it holds the encoding of size
-// bytes whose BLAKE3 is sum, and reports whether it did: a Put that finds
-// its bytes there writes nothing.
-func keep(final string, size int64, sum payload.Checksum) bool {
-	f, err := lockValue(final)
+// flockContext takes f's exclusive lock, polling (as gofrs/flock's
+// TryLockContext does: flock has no timeout) until ctx ends.
+func flockContext(ctx context.Context, f *os.File) error {
+	wait := time.Millisecond
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// keep puts again obj's file if it holds the encoding of size bytes whose
+// BLAKE3 is sum, and reports whether it did: a Put that finds its bytes
+// there writes nothing. Its trailer is not taken on its word: the file
+// version must have a proof of sum (the writer's, or its first reader's),
+// or hash to it now; one that does not (changed in place) is removed, and
+// the caller writes the value anew.
+func (s *Store) keep(ctx context.Context, obj payload.ObjectID, size int64, sum payload.Checksum) bool {
+	final := s.path(obj)
+	f, err := lockValue(ctx, final)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
 	old, oldSum, st, ok := stored(f)
-	return ok && old == size && oldSum == sum && putAgain(f, final, &st)
+	if !ok || old != size || oldSum != sum {
+		return false
+	}
+	if proved, ok := s.proofs.find(obj, idOf(&st)); !ok || proved != sum {
+		h := blake3.New()
+		if _, err := io.Copy(h, io.NewSectionReader(f, 0, size)); err != nil {
+			return false
+		}
+		if payload.Checksum(h.Sum(nil)) != sum {
+			if os.Remove(final) == nil {
+				s.proofs.forget(obj, st.Ino)
+				s.mu.Lock()
+				s.used = max(0, s.used-st.Size)
+				s.mu.Unlock()
+			}
+			return false
+		}
+	}
+	return putAgain(f, final, &st)
 }
 
 // putAgain moves the times of the locked file f (under path; st is its
@@ -429,8 +474,8 @@ func openFile(path string) (*os.File, error) {
 // holds the same bytes (its writer proved it), put again (putAgain), and
 // is replaced if not (a value of the key from before an invalidation,
 // say: the caller's value is what its Location must name).
-func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, fill func(*os.File) error) error {
-	p, written, err := s.put(s.path(obj), size, sum, fill)
+func (s *Store) write(ctx context.Context, obj payload.ObjectID, size int64, sum payload.Checksum, fill func(*os.File) error) error {
+	p, written, err := s.put(ctx, s.path(obj), size, sum, fill)
 	if written && p.id != (fileID{}) {
 		s.proofs.add(obj, p)
 	}
@@ -440,7 +485,7 @@ func (s *Store) write(obj payload.ObjectID, size int64, sum payload.Checksum, fi
 // put is write but for keeping the proof, which it returns. written is
 // false when nothing new stays on disk: an error, or another writer put
 // the same bytes in place first.
-func (s *Store) put(final string, size int64, sum payload.Checksum, fill func(*os.File) error) (p proof, written bool, err error) {
+func (s *Store) put(ctx context.Context, final string, size int64, sum payload.Checksum, fill func(*os.File) error) (p proof, written bool, err error) {
 	fileSize := size + int64(trailerSize)
 	s.mu.Lock()
 	if s.used+fileSize > s.maxBytes {
@@ -502,9 +547,12 @@ func (s *Store) put(final string, size int64, sum payload.Checksum, fill func(*o
 			}
 			return placedProof(tmp, sum)
 		}
-		old, err := lockValue(final)
+		old, err := lockValue(ctx, final)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed meanwhile
+		}
+		if ctx.Err() != nil {
+			return proof{}, false, fmt.Errorf("shm: %w", err)
 		}
 		if err != nil {
 			// No value file (a directory, a FIFO, a link): replaced (a
@@ -647,13 +695,13 @@ func (s *Store) Generation(_ context.Context, loc payload.Location) (payload.Gen
 // (payload.Transport). Mappings of it stay valid until their values are
 // closed (the kernel keeps an unlinked file while it is mapped). What is
 // not a regular file is left (a Put replaces it).
-func (s *Store) Delete(_ context.Context, loc payload.Location, seen payload.Generation) error {
+func (s *Store) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
 		return err
 	}
 	path := s.path(obj)
-	f, err := lockValue(path)
+	f, err := lockValue(ctx, path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotAFile) || errors.Is(err, unix.ELOOP) {
 		return nil
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/embcache/embcache/payload"
 )
 
-// TestReviewAGenerationIsNotReusedOnADiskDirectory: a file's Generation
+// TestAGenerationIsNotReusedOnADiskDirectory: a file's Generation
 // is its inode number and ctime. A store directory on a disk filesystem
 // (ext4 here: t.TempDir, not /dev/shm) reuses the inode number of a file
 // just removed, and stamps times by clock tick: a value deleted by one
@@ -29,7 +29,7 @@ import (
 // apart (the deleter's stat made the unlink stamp a fine-grained ctime,
 // which raised the floor of the next file's). On a kernel that stamps by
 // tick (before 6.13) with the store on a disk filesystem it may not.
-func TestReviewAGenerationIsNotReusedOnADiskDirectory(t *testing.T) {
+func TestAGenerationIsNotReusedOnADiskDirectory(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(t.TempDir())
 	if err != nil {
@@ -70,7 +70,7 @@ func TestReviewAGenerationIsNotReusedOnADiskDirectory(t *testing.T) {
 	}
 }
 
-// TestReviewAPutOverACorruptFileLeavesAValueItsLocationCannotRead: keep
+// TestAPutOverACorruptFileLeavesAValueItsLocationCannotRead: keep
 // (the "put again" path of Put and Receive) judges "the bytes already in
 // place" by the file's size and trailer alone. A file whose data changed
 // in place (a flipped byte on tmpfs, trailer intact) is then "put again"
@@ -81,7 +81,7 @@ func TestReviewAGenerationIsNotReusedOnADiskDirectory(t *testing.T) {
 // removal of a corrupt file (removeIfSame) also leaves a file put again
 // since it hashed it, so a re-put racing that removal keeps the corrupt
 // file in place for the record the re-put commits.
-func TestReviewAPutOverACorruptFileLeavesAValueItsLocationCannotRead(t *testing.T) {
+func TestAPutOverACorruptFileLeavesAValueItsLocationCannotRead(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(testDir(t))
 	if err != nil {
@@ -143,7 +143,7 @@ func lockedByAnotherProcess(t *testing.T, path string) {
 	}
 }
 
-// TestReviewAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock:
+// TestAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock:
 // since b6e78c2 every Put that finds the key's file there, every Delete and
 // every reader's removal of a corrupt file takes an exclusive flock of the
 // value file, blocking (LOCK_EX, no LOCK_NB, no timeout) and deaf to ctx.
@@ -151,9 +151,9 @@ func lockedByAnotherProcess(t *testing.T, path string) {
 // in a 0755 directory; or a process of the node stopped inside a Delete)
 // holds every Put and Delete of the key, in every process of the node, for
 // as long as it likes; ctx does not end them. Before b6e78c2 nothing here
-// waited for anyone. (coordinator's TestReviewCloseWaitsForACommitStuckOnAFileLock
+// waited for anyone. (coordinator's TestCloseWaitsForACommitStuckOnAFileLock
 // shows what that does to a Cache.)
-func TestReviewAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock(t *testing.T) {
+func TestAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock(t *testing.T) {
 	s, err := Open(testDir(t))
 	if err != nil {
 		t.Fatal(err)
@@ -169,14 +169,22 @@ func TestReviewAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock
 		do   func(ctx context.Context) error
 	}{
 		{"Put", func(ctx context.Context) error { _, err := s.Put(ctx, obj(42), v); return err }},
-		{"Delete", func(ctx context.Context) error { return deleteNow(s, loc) }},
+		{"Delete", func(ctx context.Context) error {
+			seen, err := s.Generation(ctx, loc)
+			if err != nil {
+				return err
+			}
+			return s.Delete(ctx, loc, seen)
+		}},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		done := make(chan error, 1)
 		go func() { done <- op.do(ctx) }()
 		select {
 		case err := <-done:
-			t.Logf("%s returned: %v", op.name, err)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s while another process holds the file's lock: %v, want its ctx's deadline", op.name, err)
+			}
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s with a 200ms ctx still blocked after 5s: it waits for another process's flock of the value file, whatever its ctx", op.name)
 		}
@@ -185,11 +193,11 @@ func TestReviewAPutOrDeleteEndsWithItsContextWhileAnotherProcessHoldsTheFileLock
 	// The test's cleanup ends the holder: the blocked calls return then.
 }
 
-// TestReviewADeleteOfNoFileSeenLeavesAFilePutSince: a deleter whose
+// TestADeleteOfNoFileSeenLeavesAFilePutSince: a deleter whose
 // generation read found no file (the zero Generation) and that deletes
 // anyway, after a Put of the key, leaves the file put since. (Checked: it
 // holds.)
-func TestReviewADeleteOfNoFileSeenLeavesAFilePutSince(t *testing.T) {
+func TestADeleteOfNoFileSeenLeavesAFilePutSince(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(testDir(t))
 	if err != nil {

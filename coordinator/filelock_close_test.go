@@ -49,7 +49,7 @@ func holdFileLock(t *testing.T, path string) (release func()) {
 	return release
 }
 
-// TestReviewCloseWaitsForACommitStuckOnAFileLock: b6e78c2 makes an shm Put
+// TestCloseWaitsForACommitStuckOnAFileLock: b6e78c2 makes an shm Put
 // that finds the key's file there take the file's flock, blocking and
 // deaf to ctx. A compute of this process commits the same bytes as a file
 // already in the node's store (the key computed before, its record gone)
@@ -59,7 +59,7 @@ func holdFileLock(t *testing.T, path string) (release func()) {
 // ("a request that is not computing ... each ended by its ctx or its op
 // timeout ... is always waited for"), does not return while the lock is
 // held: here not within 15 s (lease TTL 1 s, op timeout 2 s).
-func TestReviewCloseWaitsForACommitStuckOnAFileLock(t *testing.T) {
+func TestCloseWaitsForACommitStuckOnAFileLock(t *testing.T) {
 	ctx := context.Background()
 	url := startServer(t).ClientURL()
 	store, err := shm.Open(filepath.Join(t.TempDir(), "shm"), shm.WithNode("test-node"))
@@ -102,14 +102,14 @@ func TestReviewCloseWaitsForACommitStuckOnAFileLock(t *testing.T) {
 	}
 }
 
-// TestReviewCloseWithTheServerGoneMidInvalidate: 9a8c335 lets an
+// TestCloseWithTheServerGoneMidInvalidate: 9a8c335 lets an
 // Invalidate in flight finish (its tombstone, then its event, "each within
 // the op timeout") and Close waits for it. The NATS server stops right
 // after the tombstone is written, and Close begins then: the publish fails
 // within its op timeout, Invalidate says the event was not published, and
 // Close returns within a bound of a few op timeouts, leaving no goroutine
 // of the Cache (the package's goleak check).
-func TestReviewCloseWithTheServerGoneMidInvalidate(t *testing.T) {
+func TestCloseWithTheServerGoneMidInvalidate(t *testing.T) {
 	ctx := context.Background()
 	srv := startServer(t)
 	var c *Cache
@@ -146,7 +146,7 @@ func TestReviewCloseWithTheServerGoneMidInvalidate(t *testing.T) {
 	}
 }
 
-// TestReviewAWorkersSweepLeavesTheAgentsPulledCopy: 6c8ab85 keeps a
+// TestAWorkersSweepLeavesTheAgentsPulledCopy: 6c8ab85 keeps a
 // node's file of another node's live value only in a process whose router
 // pulls into the node's store (WithPullToNodeStore), and decides that per
 // sweeping process. But the store is the node's, shared by its processes
@@ -157,7 +157,7 @@ func TestReviewCloseWithTheServerGoneMidInvalidate(t *testing.T) {
 // removed by the worker's sweep (before 6c8ab85, a live record of its
 // bytes kept it): docs/protocol.md 4.4 says a process that pulls values
 // into its store "keeps it as its copy of that value".
-func TestReviewAWorkersSweepLeavesTheAgentsPulledCopy(t *testing.T) {
+func TestAWorkersSweepLeavesTheAgentsPulledCopy(t *testing.T) {
 	ctx := context.Background()
 	url := startServer(t).ClientURL()
 	a, b := newShmNode(t, "node-a"), newShmNode(t, "node-b")

@@ -26,14 +26,14 @@ func (p *purgeWatch) Purge(ctx context.Context, key string, rev uint64) error {
 	return p.Store.Purge(ctx, key, rev)
 }
 
-// TestReviewAGiveBackIsNeverSentAtOrPastTheDeadline: the op timeout (a
+// TestAGiveBackIsNeverSentAtOrPastTheDeadline: the op timeout (a
 // minute) is longer than the lease TTL less the clock allowance. The
 // create lands, its caller gone, with its answer (by the lease's clock)
 // just before the deadline, at it, and past it: the give-back purge is
 // sent only before the deadline, and a key answered at or past it is left
 // to expire (docs/protocol.md 3.1: nothing is written on a revision at or
 // after its deadline). (Checked: it holds.)
-func TestReviewAGiveBackIsNeverSentAtOrPastTheDeadline(t *testing.T) {
+func TestAGiveBackIsNeverSentAtOrPastTheDeadline(t *testing.T) {
 	f := newFixture(t, false)
 	cfg := f.config()
 	cfg.OpTimeout = time.Minute
