@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +27,7 @@ type eventLink struct {
 	meta      map[localKey]*valueMeta   // values in the local cache; guarded by mu
 	computing map[localKey]*computeMeta // computes between their reservation and their value's meta; guarded by mu
 	heard     map[labels]uint64         // invalidated events applied, by tenant, model and epoch; guarded by mu
+	heardAt   map[labels]time.Time      // the latest Time of those events; guarded by mu
 
 	stop    chan struct{} // closed by close: ends tick
 	flushed chan struct{} // closed when tick has returned
@@ -67,7 +69,8 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	}
 	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
 		meta: make(map[localKey]*valueMeta), computing: make(map[localKey]*computeMeta), heard: make(map[labels]uint64),
-		stop: make(chan struct{}), flushed: make(chan struct{})}
+		heardAt: make(map[labels]time.Time),
+		stop:    make(chan struct{}), flushed: make(chan struct{})}
 	onBad := func(r events.BadReason) {
 		c.stats.eventsBad.Add(1)
 		c.tel.EventBad(r)
@@ -159,6 +162,27 @@ func (c *Cache) invalidationsHeard(ref Ref) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return int64(l.heard[labels{ref.Tenant, ref.Model, ref.Epoch}])
+}
+
+// invalidationHeardAt is the Time of the latest invalidated event of
+// ref's labels this process has applied, while its tombstone lives
+// (lease.TombstoneTTL; then no record it refuses is left): every tombstone
+// read of those labels must reflect it (lease.Bucket.Invalidated). Zero
+// without one, or without an event link.
+func (c *Cache) invalidationHeardAt(ref Ref) time.Time {
+	l := c.eventLink()
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := labels{ref.Tenant, ref.Model, ref.Epoch}
+	at := l.heardAt[k]
+	if !at.IsZero() && time.Since(at) > lease.TombstoneTTL(c.s.storeTTL) {
+		delete(l.heardAt, k)
+		return time.Time{}
+	}
+	return at
 }
 
 func (c *Cache) eventLink() *eventLink {
@@ -457,6 +481,9 @@ func (l *eventLink) apply(e events.Event) {
 		exact := map[localKey]bool{}
 		l.mu.Lock()
 		l.heard[labels{e.Tenant, e.Model, e.Epoch}]++
+		if k := (labels{e.Tenant, e.Model, e.Epoch}); e.Time.After(l.heardAt[k]) {
+			l.heardAt[k] = e.Time
+		}
 		for k, m := range l.computing {
 			if stale(k) {
 				m.invalidated = true

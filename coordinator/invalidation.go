@@ -24,7 +24,7 @@ import (
 func (c *Cache) invalidatedRecord(ctx context.Context, b *lease.Bucket, ref Ref, rec lease.Record) (bool, error) {
 	octx, cancel := c.opContext(ctx)
 	defer cancel()
-	stale, err := b.Invalidated(octx, ref.KVKey(), rec)
+	stale, err := b.Invalidated(octx, ref.KVKey(), rec, c.invalidationHeardAt(ref))
 	if errors.Is(err, ErrBadRecord) {
 		c.badRecord(err) // maybe a newer version's tombstone: not shared, not purged
 	}

@@ -221,3 +221,50 @@ func TestAnInvalidationHeardDuringAPullRefusesItsValue(t *testing.T) {
 		t.Fatal("the refused pull left a copy")
 	}
 }
+
+// TestATombstoneReadBehindAnInvalidationHeardIsNotTrusted: a process
+// that has heard an invalidation reads, for a request begun after it, a
+// committed record and a tombstone from a server that has not got that
+// invalidation (in tenant mode a lagging or cut-off replica answers
+// direct gets: the fault harness saw one serve the invalidated value for
+// seconds, seed 11476156684601). Here the event is heard and no
+// tombstone was ever written, which is what such a replica answers: the
+// value is not served from the store; the request computes its own,
+// unshared.
+func TestATombstoneReadBehindAnInvalidationHeardIsNotTrusted(t *testing.T) {
+	url, store := memoryCluster(t)
+	writer := eventCache(t, url, store)
+	ctx := context.Background()
+	var cnt counter
+	if _, err := writer.GetOrCompute(ctx, "w", ref(4), cnt.fn(4)); err != nil {
+		t.Fatal(err)
+	}
+	writer.Release("w")
+	reader := eventCache(t, url, store, WithTenants("acme"))
+	waitFor(t, func() bool { return reader.eventLink() != nil })
+	heard := time.Now()
+	reader.eventLink().apply(events.Event{Kind: events.KindInvalidated, Tenant: "acme", Model: "m", Epoch: 1,
+		Key: events.InvalidationKey("m", 1), Time: heard})
+	if _, path, err := reader.GetOrComputePath(ctx, "r", ref(4), cnt.fn(4)); err != nil || path != PathDegraded {
+		t.Fatalf("a record read after an invalidation was heard, its tombstone read behind it: %v %v, want its own value (degraded)", path, err)
+	}
+	reader.Release("r")
+	reader.Drop(ref(4)) // its own copy, unshared: not the question here
+	if _, _, err := reader.Get(ctx, "g", ref(4)); !errors.Is(err, ErrNotCached) {
+		t.Fatalf("Get of it: %v, want ErrNotCached", err)
+	}
+	// A record reserved after the invalidation, whose tombstone the read
+	// reflects, is served again.
+	if err := writer.Invalidate(ctx, "acme", "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return reader.invalidationHeardAt(ref(4)).After(heard) })
+	if _, err := writer.GetOrCompute(ctx, "w2", ref(4), cnt.fn(4)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, path, err := reader.GetOrComputePath(ctx, "r2", ref(4), cnt.fn(4))
+		reader.Release("r2")
+		return err == nil && path == PathRemoteHit
+	})
+}

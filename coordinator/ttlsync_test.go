@@ -410,8 +410,13 @@ func TestComputeSpanningAnInvalidation(t *testing.T) {
 				if !a.local.Contains(ref(1).local()) {
 					t.Fatal("the event held back, yet the copy is not in the local cache: the late case is not tested")
 				}
+				// The event b published: its time is its tombstone's.
+				tomb, err := a.bucket().Tombstone(ctx, 0, "acme", "m", 1)
+				if err != nil || tomb.Rev == 0 {
+					t.Fatalf("the tombstone: %+v %v", tomb, err)
+				}
 				a.eventLink().apply(events.Event{Kind: events.KindInvalidated, Tenant: "acme", Model: "m", Epoch: 1,
-					Key: events.InvalidationKey("m", 1), Time: time.Now()})
+					Key: events.InvalidationKey("m", 1), Time: tomb.At})
 			} else {
 				waitFor(t, func() bool { return !readRecord(t, a, ref(1)).Live })
 			}

@@ -58,7 +58,7 @@ type Bucket struct {
 	js     jetstream.JetStream
 	cfg    BucketConfig
 	shards []jetstream.KeyValue // shard i is bucket ShardName(cfg.Name, i)
-	tombs  sharedReads          // tombstone reads in flight
+	tombs  sharedReads[Tomb]    // tombstone reads in flight
 }
 
 // ShardName is the KV bucket of shard i of the bucket name: name itself

@@ -31,6 +31,10 @@ var (
 	// Bucket.Close, to a caller that shared a read the close cancelled or
 	// kept from being sent: the tombstone could not be read.
 	ErrClosed = errors.New("lease: bucket closed")
+	// ErrTombstoneBehind is returned by Bucket.Invalidated for a tombstone
+	// read that does not reflect an invalidation the caller has heard of:
+	// the server that answered has not got it yet.
+	ErrTombstoneBehind = errors.New("lease: tombstone read behind an invalidation heard of")
 )
 
 // ErrLate is returned by Acquire for a create acknowledged after its own

@@ -25,10 +25,10 @@ import (
 
 // sharedReads are the tombstone reads of a Bucket in flight, by shard and
 // key. The zero value is ready.
-type sharedReads struct {
+type sharedReads[T any] struct {
 	mu     sync.Mutex
-	groups map[sharedReadID]*sharedReadGroup // guarded by mu
-	closed bool                              // guarded by mu: no follow-on is started once set
+	groups map[sharedReadID]*sharedReadGroup[T] // guarded by mu
+	closed bool                                 // guarded by mu: no follow-on is started once set
 	// base is the follow-ons' context, cancelled with ErrClosed by close
 	// (stop); both made with the first follow-on. Guarded by mu.
 	base context.Context
@@ -45,13 +45,13 @@ type sharedReadID struct {
 
 // sharedReadGroup is one key's reads: the one in flight, and the next,
 // joined by the callers that came after it was sent.
-type sharedReadGroup struct {
-	inflight, next *sharedRead
+type sharedReadGroup[T any] struct {
+	inflight, next *sharedRead[T]
 }
 
-type sharedRead struct {
-	done    chan struct{} // closed when rev and err are set
-	rev     uint64
+type sharedRead[T any] struct {
+	done    chan struct{} // closed when val and err are set
+	val     T
 	err     error
 	joiners int       // guarded by sharedReads.mu: callers waiting for it (for tests)
 	until   time.Time // guarded by sharedReads.mu: the latest deadline of its joiners (zero: one had none)
@@ -63,31 +63,32 @@ const sharedReadTimeout = 10 * time.Second
 
 // do returns read's answer from a read sent after do was called: its own,
 // made with ctx, if none of id is in flight; otherwise the next one's.
-func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context.Context) (uint64, error)) (uint64, error) {
+func (s *sharedReads[T]) do(ctx context.Context, id sharedReadID, read func(context.Context) (T, error)) (T, error) {
+	var zero T
 	s.mu.Lock()
 	if s.groups == nil {
-		s.groups = make(map[sharedReadID]*sharedReadGroup)
+		s.groups = make(map[sharedReadID]*sharedReadGroup[T])
 	}
 	g := s.groups[id]
 	if g == nil {
-		g = &sharedReadGroup{}
+		g = &sharedReadGroup[T]{}
 		s.groups[id] = g
 	}
 	if g.inflight == nil {
 		// The caller's own read, on its own goroutine: made even after
 		// close, as any read of the caller's is.
-		r := &sharedRead{done: make(chan struct{})}
+		r := &sharedRead[T]{done: make(chan struct{})}
 		g.inflight = r
 		s.mu.Unlock()
 		s.run(ctx, id, g, r, read)
-		return r.rev, r.err
+		return r.val, r.err
 	}
 	if s.closed {
 		s.mu.Unlock()
-		return 0, notSent(id)
+		return zero, notSent(id)
 	}
 	if g.next == nil {
-		g.next = &sharedRead{done: make(chan struct{}), until: time.Now()}
+		g.next = &sharedRead[T]{done: make(chan struct{}), until: time.Now()}
 	}
 	r := g.next
 	r.joiners++
@@ -99,9 +100,9 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 	s.mu.Unlock()
 	select {
 	case <-r.done:
-		return r.rev, r.err
+		return r.val, r.err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return zero, ctx.Err()
 	}
 }
 
@@ -111,17 +112,18 @@ func (s *sharedReads) do(ctx context.Context, id sharedReadID, read func(context
 // A read that panics is an error for every caller of it, and the group
 // goes on: left in flight, it would hold every later caller. Once closed,
 // the next read is not sent: its joiners get ErrClosed, and the group ends.
-func (s *sharedReads) run(ctx context.Context, id sharedReadID, g *sharedReadGroup, r *sharedRead, read func(context.Context) (uint64, error)) {
+func (s *sharedReads[T]) run(ctx context.Context, id sharedReadID, g *sharedReadGroup[T], r *sharedRead[T], read func(context.Context) (T, error)) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.rev, r.err = 0, fmt.Errorf("lease: tombstone read of %s panicked: %v", id.key, p)
+			var zero T
+			r.val, r.err = zero, fmt.Errorf("lease: tombstone read of %s panicked: %v", id.key, p)
 		}
 		if r.err != nil && errors.Is(context.Cause(ctx), ErrClosed) { // a follow-on close cancelled
 			r.err = fmt.Errorf("%w: tombstone read of %s cancelled: %w", ErrClosed, id.key, r.err)
 		}
 		s.mu.Lock()
 		next := g.next
-		var refused *sharedRead
+		var refused *sharedRead[T]
 		if s.closed {
 			next, refused = nil, next
 		}
@@ -155,13 +157,13 @@ func (s *sharedReads) run(ctx context.Context, id sharedReadID, g *sharedReadGro
 			}()
 		}
 	}()
-	r.rev, r.err = read(ctx)
+	r.val, r.err = read(ctx)
 }
 
 // close cancels the follow-ons in flight and returns once they have
 // ended; no follow-on starts after it. Reads in flight on their callers'
 // goroutines go on. Safe to call more than once, and at once.
-func (s *sharedReads) close() {
+func (s *sharedReads[T]) close() {
 	s.mu.Lock()
 	s.closed = true
 	if s.stop != nil {

@@ -14,7 +14,7 @@ import (
 // the next read, sent after that one is answered: never the one in flight,
 // which may have left before an invalidation they must see.
 func TestSharedReadsAnswerEachCallerWithALaterRead(t *testing.T) {
-	var s sharedReads
+	var s sharedReads[uint64]
 	id := sharedReadID{0, "acme.inv.x"}
 	var mu sync.Mutex
 	reads := 0
@@ -84,7 +84,7 @@ func TestSharedReadsAnswerEachCallerWithALaterRead(t *testing.T) {
 // joined the next read, and the key's reads go on: left in flight, it
 // held every later caller until its deadline (a helper's review found it).
 func TestASharedReadThatPanicsIsAnError(t *testing.T) {
-	var s sharedReads
+	var s sharedReads[uint64]
 	id := sharedReadID{0, "acme.inv.x"}
 	entered, release := make(chan struct{}), make(chan struct{})
 	first := true
@@ -132,7 +132,7 @@ func TestASharedReadThatPanicsIsAnError(t *testing.T) {
 // connection.)
 func TestClosedSharedReadsCancelTheirFollowOnAndSendNoMore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var s sharedReads
+		var s sharedReads[uint64]
 		id := sharedReadID{0, "acme.inv.x"}
 		release1, release3 := make(chan struct{}), make(chan struct{})
 		cancelled, hold := make(chan struct{}), make(chan struct{})

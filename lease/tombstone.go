@@ -59,39 +59,63 @@ func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch u
 	return nil
 }
 
+// Tomb is a tombstone as read: its revision in its shard (0: there is
+// none) and when its invalidation was made, its record's Started, which
+// is the invalidated event's Time (Invalidate writes both from one
+// reading of its clock).
+type Tomb struct {
+	Rev uint64
+	At  time.Time
+}
+
 // Invalidated reports whether rec, the committed record at key
 // (<tenant>.<keyhex>), was reserved before the latest invalidation of its
 // model and epoch: the tombstone in key's shard has a later revision than
 // rec.Reserved. A tombstone that does not decode (a record of another
 // state under its key included) is an error wrapping ErrBadRecord.
-func (b *Bucket) Invalidated(ctx context.Context, key string, rec Record) (bool, error) {
+//
+// heard, if not zero, is the Time of the latest invalidated event of the
+// record's labels the caller has heard: a tombstone read that does not
+// reflect it (none, or one made before it) was answered by a server that
+// has not got that invalidation yet (a lagging or cut-off replica
+// answering a direct get, docs/protocol.md 4.4), and is an error wrapping
+// ErrTombstoneBehind: the question stays open.
+func (b *Bucket) Invalidated(ctx context.Context, key string, rec Record, heard time.Time) (bool, error) {
 	tenant, _, _ := strings.Cut(key, ".")
-	rev, err := b.Tombstone(ctx, b.shardOf(key), tenant, rec.Model, rec.Epoch)
-	return rev > rec.Reserved, err
+	tomb, err := b.Tombstone(ctx, b.shardOf(key), tenant, rec.Model, rec.Epoch)
+	if err != nil {
+		return false, err
+	}
+	if !heard.IsZero() && tomb.At.Before(heard) {
+		return false, fmt.Errorf("%w: %s's tombstone of model %q epoch %d read as of %v, an invalidation of %v was heard",
+			ErrTombstoneBehind, key, rec.Model, rec.Epoch, tomb.At, heard)
+	}
+	return tomb.Rev > rec.Reserved, nil
 }
 
-// Tombstone returns the revision of the tombstone of tenant's model and
-// epoch in shard, or 0 if there is none, read from the stream leader (a
-// direct get with BucketConfig.Direct: see docs/protocol.md 4.4) by a read
-// sent after the call: callers that ask for the same tombstone at once
-// share reads, but never one sent before they asked. After Close, a
-// caller that would share a read gets an error wrapping ErrClosed.
-func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string, epoch uint64) (uint64, error) {
+// Tombstone returns the tombstone of tenant's model and epoch in shard
+// (its Rev 0 if there is none), read from the stream leader (a direct get
+// with BucketConfig.Direct: see docs/protocol.md 4.4) by a read sent after
+// the call: callers that ask for the same tombstone at once share reads,
+// but never one sent before they asked. After Close, a caller that would
+// share a read gets an error wrapping ErrClosed.
+func (b *Bucket) Tombstone(ctx context.Context, shard int, tenant, model string, epoch uint64) (Tomb, error) {
 	if model == "" {
-		return 0, nil // nothing can invalidate it
+		return Tomb{}, nil // nothing can invalidate it
 	}
 	if shard < 0 || shard >= len(b.shards) {
-		return 0, fmt.Errorf("lease: no shard %d in a bucket of %d", shard, len(b.shards))
+		return Tomb{}, fmt.Errorf("lease: no shard %d in a bucket of %d", shard, len(b.shards))
 	}
 	key := TombstoneKey(tenant, model, epoch)
-	return b.tombs.do(ctx, sharedReadID{shard, key}, func(ctx context.Context) (uint64, error) {
+	return b.tombs.do(ctx, sharedReadID{shard, key}, func(ctx context.Context) (Tomb, error) {
 		tomb, err := b.readIn(ctx, shard, key)
 		if err != nil {
-			return 0, err
+			return Tomb{}, err
 		}
 		if !tomb.Live {
-			return 0, nil
+			return Tomb{}, nil
 		}
-		return tomb.Rev, nil // an invalidated record: nothing else decodes under its key
+		// An invalidated record: nothing else decodes under its key.
+		return Tomb{Rev: tomb.Rev, At: tomb.Record.Started}, nil
 	})
 }

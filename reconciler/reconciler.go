@@ -499,7 +499,7 @@ func (r *Reconciler) applyTouch(ctx context.Context, b *lease.Bucket, e events.E
 		cur.Record.Checksum != e.Location.Checksum.String() || !e.Expires.After(cur.Record.Expires) {
 		return
 	}
-	if stale, err := b.Invalidated(octx, key, cur.Record); err != nil || stale {
+	if stale, err := b.Invalidated(octx, key, cur.Record, time.Time{}); err != nil || stale {
 		return // an invalidated value is not kept alive (docs/protocol.md 4.4)
 	}
 	// The record may expire at its own expiry (set by its writer's clock
@@ -788,7 +788,8 @@ func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events
 	var unfinished error
 	for shard, kv := range b.Shards() {
 		tctx, cancel := context.WithTimeout(ctx, r.s.opTimeout)
-		tomb, err := b.Tombstone(tctx, shard, e.Tenant, e.Model, e.Epoch)
+		t, err := b.Tombstone(tctx, shard, e.Tenant, e.Model, e.Epoch)
+		tomb := t.Rev
 		cancel()
 		if err != nil {
 			r.s.logger.Warn("embcache: invalidation: tombstone unreadable", "tenant", e.Tenant, "model", e.Model,
