@@ -159,21 +159,60 @@ func (s *Server) start() error {
 		lock.Close()
 		return fmt.Errorf("embedded: %w", err)
 	}
+	why := &fatalLog{}
 	if s.opts.Logs {
 		srv.ConfigureLogger()
+	} else {
+		srv.SetLogger(why, false, false)
 	}
 	srv.Start()
 	if !srv.ReadyForConnections(s.opts.ReadyTimeout) {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 		lock.Close()
-		return fmt.Errorf("%w: %s after %v", ErrNotReady, s.ClientURL(), s.opts.ReadyTimeout)
+		return fmt.Errorf("%w: %s after %v%s", ErrNotReady, s.ClientURL(), s.opts.ReadyTimeout, why.String())
 	}
 	s.mu.Lock()
 	s.srv, s.lock = srv, lock
 	s.mu.Unlock()
 	return nil
 }
+
+// fatalLog is the server's logger while its log is off (Options.Logs): it
+// keeps the first fatal error, why a server that never became ready
+// stopped (a ConfigFile whose accounts' JetStream limits exceed the
+// server's: "insufficient memory resources available"), which would
+// otherwise be lost with the log.
+type fatalLog struct {
+	mu    sync.Mutex
+	fatal string // guarded by mu
+}
+
+func (l *fatalLog) Fatalf(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == "" {
+		l.fatal = fmt.Sprintf(format, v...)
+	}
+}
+
+// String is ": <the fatal error>", or "" if there was none.
+func (l *fatalLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fatal == "" {
+		return ""
+	}
+	return ": " + l.fatal
+}
+
+func (*fatalLog) Noticef(string, ...any) {}
+func (*fatalLog) Warnf(string, ...any)   {}
+func (*fatalLog) Errorf(string, ...any)  {}
+func (*fatalLog) Debugf(string, ...any)  {}
+func (*fatalLog) Tracef(string, ...any)  {}
+
+var _ server.Logger = (*fatalLog)(nil)
 
 // lockStoreDir makes dir if need be and takes its lock, or fails at once
 // with ErrStoreDirInUse.

@@ -99,3 +99,18 @@ func TestInvalidConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestNotReadySaysWhy: a server that stops as it starts says why, with
+// its log off: here accounts whose JetStream memory exceeds the server's.
+func TestNotReadySaysWhy(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	os.WriteFile(conf, []byte("accounts { A { jetstream { max_mem: 1GiB }, users = [ {user: a, password: a} ] } }\n"), 0o600)
+	s, err := Start(Options{StoreDir: t.TempDir(), ConfigFile: conf, ReadyTimeout: time.Second})
+	if err == nil {
+		s.Shutdown()
+		t.Fatal("an account with more JetStream memory than the server has started")
+	}
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "insufficient memory resources") {
+		t.Fatalf("%v", err)
+	}
+}
