@@ -329,9 +329,13 @@ func WithEventsMaxBytes(n int64) Option {
 }
 
 // WithTenants restricts the Cache to these tenants, so that it works
-// under NATS credentials that allow only their subjects (docs/operations.md,
-// "Tenant isolation"): it subscribes per tenant, reads records
-// with direct gets by subject, and refuses other tenants' keys.
+// under NATS credentials that allow only their subjects: it subscribes per
+// tenant, reads records with direct gets by subject, and refuses other
+// tenants' keys. That is the older layout of every tenant in one NATS
+// account, which keeps honest tenants apart but not a hostile one
+// (reply subjects, rollups, stream info, no quotas); a tenant in a NATS
+// account of its own needs no such option (docs/operations.md, "Tenant
+// isolation").
 func WithTenants(tenants ...string) Option {
 	return func(s *settings) error {
 		if len(tenants) == 0 {

@@ -20,8 +20,10 @@ import (
 )
 
 // TenantPermissions is the permission layout of docs/operations.md for a
-// tenant's workers: their own lease keys (written, read with direct gets,
-// their stored changes subscribed to while waited on) and events, consumers filtered to them,
+// tenant's workers in the older layout of every tenant in one account
+// (TestTenantBoundary shows what it does not protect against): their own
+// lease keys (written, read with direct gets, their stored changes
+// subscribed to while waited on) and events, consumers filtered to them,
 // their eviction notices, stream info, and replies on their own inbox
 // prefix (_INBOX_<tenant>, set with nats.CustomInboxPrefix).
 func TenantPermissions(tenant string) *server.Permissions {

@@ -81,6 +81,11 @@ func TestOperationsDoc(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The files the doc names from the repository's root.
+	deploy, _ := filepath.Abs("../../deploy")
+	if err := os.Symlink(deploy, filepath.Join(dir, "deploy")); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "operations.sh"), []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +136,7 @@ func TestOperationsDoc(t *testing.T) {
 
 	report := func() string {
 		var b strings.Builder
-		for _, name := range []string{"operations.out", "serve.log", "agent.log"} {
+		for _, name := range []string{"operations.out", "serve.log", "agent.log", "acme-serve.log", "beta-serve.log"} {
 			data, _ := os.ReadFile(filepath.Join(dir, name))
 			fmt.Fprintf(&b, "--- %s\n%s", name, data)
 		}
@@ -153,5 +158,14 @@ func TestOperationsDoc(t *testing.T) {
 	}
 	if !bytes.Contains(serveLog, []byte("embcache serve: stopped")) {
 		t.Errorf("serve did not stop cleanly\n%s", report())
+	}
+	// Tenant isolation: each tenant's worker computes in its own account.
+	if n := bytes.Count(output, []byte(`"image":7,"role":"encoder","path":"computed"`)); n != 3 {
+		t.Errorf("input 7 computed %d times, not once alone and once per tenant account\n%s", n, report())
+	}
+	for _, log := range []string{"acme-serve.log", "beta-serve.log"} {
+		if data, _ := os.ReadFile(filepath.Join(dir, log)); !bytes.Contains(data, []byte("embcache serve: stopped")) {
+			t.Errorf("%s: serve did not stop cleanly\n%s", log, report())
+		}
 	}
 }
