@@ -45,8 +45,9 @@ import (
 // (b) every served value is the key's bytes, made by a compute of that
 // key, (c) every key's last accepted commit is still in the store unless
 // an invalidation may have reached it, (d) computes per key <= 1 + the
-// invalidations of its labels + the faults that hit a compute of it (or
-// its computes a fault kept from committing, if more), (e) no value whose
+// invalidations of its labels + the faults that hit a compute of it (or,
+// if more, its computes whose commit was refused or that a fault kept
+// from committing), (e) no value whose
 // compute began before an invalidation of its labels is served by a
 // request begun after the worker heard the invalidated event, nor,
 // outside tenant mode, from the store by a request begun after Invalidate
@@ -120,6 +121,7 @@ func setupErrorf(format string, args ...any) error {
 // faultStats adds up schedules.
 type faultStats struct {
 	schedules, keys, served, errors, refused, violations, setupFailed int
+	refusedUnfaulted                                                  int             // commits refused with no fault injected near them (a starved machine)
 	invalidations, invalidationsFailed, outdatedServed                int             // outdatedServed: values served by requests begun after an invalidation that outdated them began (within its reach)
 	sharded, tenantMode, skewed                                       int             // schedules so drawn
 	heardLags                                                         []time.Duration // from an Invalidate's return to a worker's applying its event
@@ -132,6 +134,7 @@ func (s *faultStats) add(o faultStats) {
 	s.served += o.served
 	s.errors += o.errors
 	s.refused += o.refused
+	s.refusedUnfaulted += o.refusedUnfaulted
 	s.violations += o.violations
 	s.setupFailed += o.setupFailed
 	s.invalidations += o.invalidations
@@ -319,10 +322,10 @@ func (r *faultRun) report(t *testing.T, wall time.Duration) {
 	}
 	msg := fmt.Sprintf("fault schedules: %d, base seed: %d, bucket: %s, sharded: %d, tenant mode: %d, a skewed clock: %d, "+
 		"faults: %s, invalidations: %d (failed: %d), keys: %d, values served: %d (outdated by an invalidation begun before the request, within its reach: %d), "+
-		"errors retried: %d, commits refused: %d, setup-failed (re-run): %d, violations: %d, wall time: %s",
+		"errors retried: %d, commits refused: %d (%d with no fault injected near), setup-failed (re-run): %d, violations: %d, wall time: %s",
 		total.schedules, r.base, bucket, total.sharded, total.tenantMode, total.skewed, strings.Join(kinds, " "),
 		total.invalidations, total.invalidationsFailed, total.keys, total.served, total.outdatedServed, total.errors,
-		total.refused, total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
+		total.refused, total.refusedUnfaulted, total.setupFailed, total.violations, wall.Round(100*time.Millisecond))
 	if lags := total.heardLags; len(lags) > 0 {
 		slices.Sort(lags)
 		q := func(p float64) time.Duration { return lags[int(p*float64(len(lags)-1))].Round(100 * time.Microsecond) }

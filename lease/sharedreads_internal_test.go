@@ -98,10 +98,12 @@ func TestASharedReadThatPanicsIsAnError(t *testing.T) {
 		return 7, nil
 	}
 	ctx := context.Background()
-	errs := make(chan error, 2)
-	go func() { _, err := s.do(ctx, id, read); errs <- err }()
+	// One channel each: the next read may answer its joiner before the
+	// caller of the one that panicked has returned.
+	panicked, next := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := s.do(ctx, id, read); panicked <- err }()
 	<-entered
-	go func() { _, err := s.do(ctx, id, read); errs <- err }() // joins the next read
+	go func() { _, err := s.do(ctx, id, read); next <- err }() // joins the next read
 	for {
 		s.mu.Lock()
 		joined := s.groups[id].next != nil && s.groups[id].next.joiners == 1
@@ -112,10 +114,10 @@ func TestASharedReadThatPanicsIsAnError(t *testing.T) {
 		runtime.Gosched()
 	}
 	close(release)
-	if err := <-errs; err == nil {
+	if err := <-panicked; err == nil {
 		t.Fatal("the read that panicked answered without an error")
 	}
-	if err := <-errs; err != nil {
+	if err := <-next; err != nil {
 		t.Fatalf("the next read: %v", err)
 	}
 	if rev, err := s.do(ctx, id, read); rev != 7 || err != nil {
