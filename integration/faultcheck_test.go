@@ -202,7 +202,9 @@ func (h *histories) invalidatedBetween(k int, c1, c2 hist) bool {
 // lostComputes counts, per key, the computes that did not commit for a
 // reason the checker accepts: the lease protocol refused their commit
 // (an acknowledgement past the deadline, or of unknown outcome at it:
-// docs/protocol.md 3.1), or a fault touched them. Each explains the next
+// docs/protocol.md 3.1), a fault touched them, or their worker heard an
+// invalidation of their labels during the request (a pull it then
+// refuses is computed unshared: docs/protocol.md 4.4). Each explains the next
 // compute of its key, however long the fault (a node stopped for seconds
 // can refuse several commits in turn). A refusal needs no fault injected
 // here: on a starved machine (three schedules of 3 shards on 2 cores) a
@@ -234,7 +236,7 @@ func (h *histories) lostComputes() (lost map[int]int, refusedUnfaulted int) {
 			}
 		}
 		faulted := slices.ContainsFunc(h.windows, func(f window) bool { return f.from <= end && f.to >= c.T })
-		if faulted || refused[[2]any{c.W, c.From}] {
+		if faulted || refused[[2]any{c.W, c.From}] || h.heardDuring(c.W, faultLabels(c.Key), c.From, end) {
 			lost[c.Key]++
 		}
 		if !faulted && refused[[2]any{c.W, c.From}] {
@@ -242,6 +244,14 @@ func (h *histories) lostComputes() (lost map[int]int, refusedUnfaulted int) {
 		}
 	}
 	return lost, refusedUnfaulted
+}
+
+// heardDuring reports whether worker w applied an invalidated event of
+// labels l between from and to.
+func (h *histories) heardDuring(w string, l labels, from, to int64) bool {
+	return slices.ContainsFunc(h.all, func(e hist) bool {
+		return e.W == w && e.Ev == "heard" && e.Note == l.String() && e.T >= from && e.T <= to
+	})
 }
 
 // invalidationsOf is the number of invalidations of key k's labels.
@@ -526,6 +536,44 @@ func TestCheckerExplainsComputesThatDidNotCommit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, vs := newHistories(lines(tc.outcome), tc.windows, nil, false).check()
+			if got := len(vs) > 0; got != tc.violation {
+				t.Fatalf("violation %v, want %v: %q", got, tc.violation, vs)
+			}
+		})
+	}
+}
+
+// A pull refused because an invalidation of its labels was heard during
+// the request is computed unshared: that compute is explained by the
+// invalidation heard, not by the invalidation's budget alone.
+func TestCheckerExplainsAComputeAfterAnInvalidationHeardMidRequest(t *testing.T) {
+	const s = int64(time.Second)
+	l := faultLabels(0)
+	lines := []hist{
+		{T: 10 * s, W: "w0", Ev: "compute-start", Key: 0, ID: 1, From: 5 * s},
+		{T: 12 * s, W: "w0", Ev: "committed", Key: 0, ID: 1, From: 5 * s},
+		{T: 30 * s, W: "w1", Ev: "compute-start", Key: 0, ID: 2, From: 25 * s},
+		{T: 32 * s, W: "w1", Ev: "committed", Key: 0, ID: 2, From: 25 * s},
+		{T: 33 * s, W: "w2", Ev: "compute-start", Key: 0, ID: 3, From: 26 * s},
+		{T: 34 * s, W: "w2", Ev: "served", Key: 0, OK: true, ID: 3, From: 26 * s, Note: "degraded"},
+	}
+	inv := invalidation{labels: l, from: 20 * s, to: 29 * s, ok: true}
+	for _, tc := range []struct {
+		name      string
+		heard     int64 // when w2 heard the event (0: never)
+		violation bool
+	}{
+		{"heard during w2's request", 31 * s, false},
+		{"not heard", 0, true},
+		{"heard after w2's request", 40 * s, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			all := slices.Clone(lines)
+			if tc.heard != 0 {
+				all = append(all, hist{T: tc.heard, W: "w2", Ev: "heard", Key: -1, Note: l.String(), At: 25 * s})
+			}
+			slices.SortStableFunc(all, func(a, b hist) int { return int(a.T - b.T) })
+			_, _, vs := newHistories(all, nil, []invalidation{inv}, false).check()
 			if got := len(vs) > 0; got != tc.violation {
 				t.Fatalf("violation %v, want %v: %q", got, tc.violation, vs)
 			}
