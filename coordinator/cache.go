@@ -480,10 +480,11 @@ func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.
 				}
 				return v, PathRemoteHit, nil
 			}
-			if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) {
+			if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) || errors.Is(err, payload.ErrUntrusted) {
 				// Readable where it was written, not here (no transport
-				// for it, another node's shm): not corrupt, so the record
-				// stays for those who can read it.
+				// for it, another node's shm, a pull server this node does
+				// not trust): not corrupt, so the record stays for those
+				// who can read it.
 				return c.degraded(ctx, ref, fn, err)
 			}
 			if attempt >= 3 {

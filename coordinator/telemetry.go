@@ -144,13 +144,14 @@ const (
 	pullTooLarge    = "too_large"    // over the transport's size limit (payload.ErrTooLarge)
 	pullUnavailable = "unavailable"  // the node holding it cannot be reached (payload.ErrUnavailable, payload.ErrClosed)
 	pullNoTransport = "no_transport" // no transport here for the location (ErrNoTransport, payload.ErrInvalidLocation)
+	pullUntrusted   = "untrusted"    // its address is not one this node pulls from (payload.ErrUntrusted): nothing was sent there
 	pullCanceled    = "canceled"     // the caller's context ended first
 	pullOther       = "other"        // anything else (a refused token, say): the log names it
 )
 
 var pullReasonAttrs = func() map[string]metric.MeasurementOption {
 	m := map[string]metric.MeasurementOption{}
-	for _, r := range []string{pullNotFound, pullCorrupt, pullTooLarge, pullUnavailable, pullNoTransport, pullCanceled, pullOther} {
+	for _, r := range []string{pullNotFound, pullCorrupt, pullTooLarge, pullUnavailable, pullNoTransport, pullUntrusted, pullCanceled, pullOther} {
 		m[r] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", r)))
 	}
 	return m
@@ -168,6 +169,8 @@ func pullReason(err error) string {
 		return pullUnavailable
 	case errors.Is(err, ErrNoTransport), errors.Is(err, payload.ErrInvalidLocation):
 		return pullNoTransport
+	case errors.Is(err, payload.ErrUntrusted):
+		return pullUntrusted
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return pullCanceled
 	}

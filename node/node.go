@@ -141,11 +141,7 @@ func (n *Node) openPayload() (*payload.Router, error) {
 		return payload.NewRouter(o.Name, payload.TransportHTTP, tr, ropts...)
 	}
 	// A node that does not serve pulls still pulls from the nodes that do.
-	var hopts []httppull.Option
-	if o.PayloadToken != "" {
-		hopts = append(hopts, httppull.WithToken(o.PayloadToken))
-	}
-	pull, err := httppull.NewReader(hopts...)
+	pull, err := httppull.NewReader(o.pullOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -161,17 +157,29 @@ func (n *Node) openPayload() (*payload.Router, error) {
 	return payload.NewRouter(o.Name, payload.TransportShm, n.store, ropts...)
 }
 
+// pullOptions are the options this node pulls HTTP values with: its
+// token, sent only to its peers.
+func (o *Options) pullOptions() []httppull.Option {
+	var opts []httppull.Option
+	if len(o.PayloadPeers) > 0 { // none named: the transport's default (httppull.WithPeers)
+		opts = append(opts, httppull.WithPeers(o.PayloadPeers...))
+	}
+	if o.PayloadToken != "" {
+		opts = append(opts, httppull.WithToken(o.PayloadToken))
+	}
+	return opts
+}
+
 // listenHTTP starts the pull server over the shm store (unless another
 // process of the node serves it: Advertise without PayloadListen) and
 // returns the transport that writes there and pulls from the others.
 func (n *Node) listenHTTP() (*httppull.Transport, error) {
 	o := &n.opts
 	sopts := []httppull.ServerOption{httppull.WithLogger(o.Logger)}
-	var topts []httppull.Option
 	if o.PayloadToken != "" {
 		sopts = append(sopts, httppull.WithServerToken(o.PayloadToken))
-		topts = append(topts, httppull.WithToken(o.PayloadToken))
 	}
+	topts := o.pullOptions()
 	if o.PayloadListen == "" {
 		return httppull.NewTransport(o.Name, o.Advertise, n.store, topts...)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/payload"
+	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
 	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
@@ -63,7 +64,13 @@ type Options struct {
 	// there (embcache serve --payload-listen), and this one starts no
 	// server.
 	Advertise    string
-	PayloadToken string          // PayloadHTTP: the bearer token of pulls, both ways
+	PayloadToken string // the bearer token of pulls, both ways: the pull server's, and sent to PayloadPeers
+	// PayloadPeers are the pull servers (host:port, or http(s) base URLs)
+	// this node pulls HTTP values from, and sends PayloadToken to
+	// (httppull.WithPeers): a Location naming any other address is
+	// refused, nothing sent there. Without them, a node with a token
+	// pulls only from its own Advertise, one without from any address.
+	PayloadPeers []string
 	Mooncake     MooncakeOptions // PayloadMooncake: how to reach the store
 	// PullToShm makes values pulled from other nodes land in this node's
 	// shm store, verified as they are written, and be read from there
@@ -161,6 +168,9 @@ func (o *Options) Validate() error {
 		}
 	default:
 		return fmt.Errorf("%w: payload %q (want %s, %s or %s)", ErrInvalidOption, o.Payload, PayloadShm, PayloadHTTP, PayloadMooncake)
+	}
+	if _, err := httppull.NewReader(httppull.WithPeers(o.PayloadPeers...)); err != nil {
+		return fmt.Errorf("%w: payload peers: %w", ErrInvalidOption, err)
 	}
 	if err := (events.StreamConfig{MaxBytes: o.EventsMaxBytes}).Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOption, err)

@@ -25,6 +25,11 @@ var (
 	// ErrInvalidOption is returned by NewRouter for a bad argument or
 	// option.
 	ErrInvalidOption = errors.New("payload: invalid option")
+	// ErrUntrusted is returned by a transport for a Location whose
+	// address it was not configured to trust (httppull.WithPeers): a
+	// record's address is anyone's who can write the record, and the
+	// transport sends nothing there, credentials least of all.
+	ErrUntrusted = errors.New("payload: untrusted address")
 	// ErrNoTransport is returned by a Router for a Location whose
 	// transport it has no reader for.
 	ErrNoTransport = errors.New("payload: no transport for location")

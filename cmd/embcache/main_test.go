@@ -159,6 +159,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"worker", "--lease-ttl", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"worker", "--advertise", "not-a-url", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"worker", "--events-max-bytes", "-5", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"worker", "--payload-peers", "no-port", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"serve", "--events-max-bytes", "1000", "--store-dir", shm, "--port", "1"},
 		{"agent", "--socket", filepath.Join(shm, "a.sock"), "--compute-timeout", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 	} {

@@ -33,6 +33,9 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
 	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
 	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>, this host's name for a listener on every address such as :7070; without --payload-listen, this node's serve --payload-listen URL)")
+	fs.StringSliceVar(&o.PayloadPeers, "payload-peers", splitList(envOr("EMBCACHE_PAYLOAD_PEERS", "")),
+		"the pull servers this node trusts (host:port or http(s)://host:port, comma-separated): it pulls only from them and sends --payload-token only to them "+
+			"(default: with a token, its own --advertise only; without one, any server) ($EMBCACHE_PAYLOAD_PEERS)")
 	fs.DurationVar(&o.PayloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&o.Strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
 }
@@ -46,7 +49,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.Int64Var(&o.ShmMaxBytes, "shm-max-bytes", 0, "budget of the shm payload store in bytes (0: the store's default)")
 	fs.StringVar(&o.Payload, "payload", "", "payload transport this node writes with: shm, http or mooncake (default http with --payload-listen, else shm)")
 	fs.StringVar(&o.PayloadListen, "payload-listen", "", "serve payloads over HTTP on this address (for other nodes)")
-	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token for payload pulls ($EMBCACHE_PAYLOAD_TOKEN)")
+	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token the payload server requires, and pulls send to --payload-peers ($EMBCACHE_PAYLOAD_TOKEN)")
 	fs.IntVar(&o.Replicas, "replicas", 1, replicasHelp)
 	fs.IntVar(&o.LeaseShards, "lease-shards", 0, "KV buckets the lease keys spread over, when this process creates the bucket (0: as the bucket records; 1 for a new one)")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)

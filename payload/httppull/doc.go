@@ -13,4 +13,10 @@
 // The server serves only content-addressed objects it holds: any other
 // path is 400, an absent object 404. With a bearer token, a request
 // without it gets 401 and nothing else.
+//
+// A puller reads the address it pulls from out of a record, which anyone
+// who can write the bucket can plant: it pulls only from the servers it
+// was configured to trust (WithPeers, and its own advertised address), so
+// that its token goes nowhere else. Without peers, one with a token
+// trusts its own address only, and one without pulls from any address.
 package httppull

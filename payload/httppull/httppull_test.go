@@ -23,14 +23,18 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type node struct {
+	name      string
 	store     *payload.MemoryStore
 	server    *httptest.Server
+	token     string
 	transport *Transport
 }
 
+// newNode serves a memory store (with token, if any) and pulls with a
+// transport that trusts no other node yet (trusting).
 func newNode(t *testing.T, name string, tlsOn bool, token string) *node {
 	t.Helper()
-	n := &node{store: payload.NewMemoryStore(name, 0)}
+	n := &node{name: name, store: payload.NewMemoryStore(name, 0), token: token}
 	var sopts []ServerOption
 	if token != "" {
 		sopts = append(sopts, WithServerToken(token))
@@ -42,16 +46,26 @@ func newNode(t *testing.T, name string, tlsOn bool, token string) *node {
 		n.server = httptest.NewServer(h)
 	}
 	t.Cleanup(n.server.Close)
+	n.trusting(t)
+	t.Cleanup(n.server.Client().CloseIdleConnections)
+	return n
+}
+
+// trusting gives n a transport whose peers are others' servers.
+func (n *node) trusting(t *testing.T, others ...*node) *node {
+	t.Helper()
 	opts := []Option{WithHTTPClient(n.server.Client())}
-	if token != "" {
-		opts = append(opts, WithToken(token))
+	if n.token != "" {
+		opts = append(opts, WithToken(n.token))
 	}
-	tr, err := NewTransport(name, n.server.URL, n.store, opts...)
+	for _, o := range others {
+		opts = append(opts, WithPeers(o.server.URL))
+	}
+	tr, err := NewTransport(n.name, n.server.URL, n.store, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.transport = tr
-	t.Cleanup(n.server.Client().CloseIdleConnections)
 	return n
 }
 
@@ -71,6 +85,8 @@ func TestPullAndServeOn(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			a, b, c := newNode(t, "a", tlsOn, "s3cret"), newNode(t, "b", tlsOn, "s3cret"), newNode(t, "c", tlsOn, "s3cret")
+			b.trusting(t, a)
+			c.trusting(t, b)
 			v := value(3 << 20)
 			loc, err := a.transport.Put(ctx, testObj, v)
 			if err != nil {
@@ -130,7 +146,7 @@ func TestWrongTokenGets401AndNothingElse(t *testing.T) {
 			t.Fatalf("auth %q: %s, %d body bytes, headers %v", auth, resp.Status, body.Len(), resp.Header)
 		}
 	}
-	wrong, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0), WithToken("wrong"))
+	wrong, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0), WithToken("wrong"), WithPeers(a.server.URL))
 	if _, err := wrong.Get(ctx, loc); !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("transport with a wrong token: %v", err)
 	}
@@ -148,14 +164,14 @@ func TestTenantTokens(t *testing.T) {
 	owner, _ := NewTransport("a", srv.URL, store)
 	acmeLoc, _ := owner.Put(ctx, acmeObj, value(100))
 	betaLoc, _ := owner.Put(ctx, betaObj, value(100))
-	acme, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("acme-token"))
+	acme, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("acme-token"), WithPeers(srv.URL))
 	if _, err := acme.Get(ctx, acmeLoc); err != nil {
 		t.Fatalf("acme pulling its own object: %v", err)
 	}
 	if _, err := acme.Get(ctx, betaLoc); !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("acme pulling beta's object: %v", err)
 	}
-	beta, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("beta-token"))
+	beta, _ := NewTransport("x", "http://127.0.0.1:1", payload.NewMemoryStore("x", 0), WithToken("beta-token"), WithPeers(srv.URL))
 	if _, err := beta.Get(ctx, acmeLoc); !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("beta pulling acme's object: %v", err)
 	}

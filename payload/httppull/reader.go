@@ -14,7 +14,8 @@ import (
 type Reader struct{ t *Transport }
 
 // NewReader returns a Reader; the options are a Transport's (client,
-// token, size limit).
+// token, peers, size limit). A Reader has no address of its own: with a
+// token, it pulls only from its peers (WithPeers).
 func NewReader(opts ...Option) (*Reader, error) {
 	t := &Transport{client: &http.Client{}, maxSize: DefaultMaxSize}
 	for _, opt := range opts {

@@ -15,6 +15,7 @@ import (
 func TestStream(t *testing.T) {
 	ctx := context.Background()
 	a, b := newNode(t, "a", false, "tok"), newNode(t, "b", false, "tok")
+	b.trusting(t, a)
 	v := value(3 << 20)
 	loc, err := a.transport.Put(ctx, testObj, v)
 	if err != nil {

@@ -22,6 +22,9 @@ var (
 	// ErrBadAdvertise is returned by NewTransport for an advertise address
 	// that is not an http(s)://host:port base URL.
 	ErrBadAdvertise = errors.New("httppull: bad advertise address")
+	// ErrBadPeer is returned by NewTransport and NewReader for a peer
+	// (WithPeers) that is neither host:port nor an http(s) base URL.
+	ErrBadPeer = errors.New("httppull: bad peer address")
 )
 
 // Store is where a Transport keeps what this node serves: Put stores
@@ -40,6 +43,7 @@ type Transport struct {
 	node      string
 	client    *http.Client
 	token     string
+	peers     peers // the pull servers it trusts (WithPeers); nil: none named
 	maxSize   int64
 }
 
@@ -59,7 +63,9 @@ func WithHTTPClient(c *http.Client) Option {
 	}
 }
 
-// WithToken sends "Authorization: Bearer <token>" with every pull.
+// WithToken sends "Authorization: Bearer <token>" with every pull, to
+// trusted servers only: its peers (WithPeers) and its own advertised
+// address. A pull from any other address is refused, and no request made.
 func WithToken(token string) Option { return func(t *Transport) error { t.token = token; return nil } }
 
 // WithMaxSize refuses to pull a value larger than n bytes (payload.ErrTooLarge).
@@ -122,7 +128,8 @@ func (t *Transport) Delete(ctx context.Context, loc payload.Location, seen paylo
 // checksum before decoding. Errors: payload.ErrNotFound (404),
 // ErrUnauthorized (401), payload.ErrCorrupt (size or checksum differ),
 // payload.ErrTooLarge, payload.ErrUnavailable (the server cannot be reached
-// or fails).
+// or fails), payload.ErrUntrusted (loc.Address is not a trusted peer:
+// WithPeers; nothing is sent there).
 func (t *Transport) Get(ctx context.Context, loc payload.Location) (*payload.Value, error) {
 	body, err := t.Stream(ctx, loc)
 	if err != nil {
@@ -156,6 +163,9 @@ func (t *Transport) Stream(ctx context.Context, loc payload.Location) (io.ReadCl
 	base, err := url.Parse(loc.Address)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
 		return nil, fmt.Errorf("%w: address %q", payload.ErrInvalidLocation, loc.Address)
+	}
+	if err := t.trust(base); err != nil {
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base.Scheme+"://"+base.Host+PathPrefix+loc.Object, nil)
 	if err != nil {
