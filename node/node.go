@@ -354,7 +354,18 @@ func (n *Node) Name() string { return n.opts.Name }
 // fails its calls in strict mode), not only one at its start. Options of
 // the caller's that set the same handlers come after, and win.
 func (o *Options) connectionLog() []nats.Option {
+	// Why connecting fails (TLS, credentials; in the default mode the
+	// first connection is retried, and its error went unsaid), once per
+	// reason. The callbacks run one at a time, on the connection's
+	// callback goroutine.
+	var said string
 	return []nats.Option{
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil && err.Error() != said {
+				said = err.Error()
+				o.Logger.Warn("embcache: cannot connect to NATS, retrying", "err", err)
+			}
+		}),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil && !nc.IsClosed() {
 				o.Logger.Warn("embcache: NATS connection lost, reconnecting", "err", err)

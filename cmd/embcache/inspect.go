@@ -23,16 +23,15 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// connFlags say how inspection commands reach NATS.
+// connFlags say how inspection commands reach NATS: the connection's
+// flags, and how long to wait.
 type connFlags struct {
-	url, user, pass string
-	timeout         time.Duration
+	natsFlags
+	timeout time.Duration
 }
 
 func (c *connFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&c.url, "nats", envOr("EMBCACHE_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s) ($EMBCACHE_NATS)")
-	fs.StringVar(&c.user, "user", "", "NATS user")
-	fs.StringVar(&c.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
+	c.natsFlags.register(fs)
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS")
 }
 
@@ -59,10 +58,11 @@ func (c *connFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 	if c.timeout <= 0 {
 		return nil, nil, usagef("--timeout %v: want a duration above 0", c.timeout)
 	}
-	opts := []nats.Option{nats.Name("embcache-cli"), nats.Timeout(c.timeout)}
-	if c.user != "" {
-		opts = append(opts, nats.UserInfo(c.user, c.pass))
+	conn, err := c.options()
+	if err != nil {
+		return nil, nil, err
 	}
+	opts := append([]nats.Option{nats.Name("embcache-cli"), nats.Timeout(c.timeout)}, conn...)
 	nc, err := nats.Connect(c.url, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w (is embcache serve running? set --nats)", c.url, err)

@@ -20,17 +20,15 @@ import (
 
 // nodeFlags configure how a process joins the cluster: node.Options as flags.
 type nodeFlags struct {
-	o          node.Options
-	user, pass string
-	nats       []nats.Option // more connection options (serve's TLS)
+	o    node.Options
+	conn natsFlags     // --nats, its credentials and client TLS
+	nats []nats.Option // more connection options (serve's embedded server's TLS)
 }
 
 // register adds every flag of a node with a Cache (worker, agent).
 func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	o := &f.o
-	fs.StringVar(&o.NATSURL, "nats", envOr("EMBCACHE_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated ($EMBCACHE_NATS)")
-	fs.StringVar(&f.user, "user", "", "NATS user")
-	fs.StringVar(&f.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "NATS password ($EMBCACHE_NATS_PASSWORD)")
+	f.conn.register(fs)
 	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
 	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>, this host's name for a listener on every address such as :7070; without --payload-listen, this node's serve --payload-listen URL)")
 	fs.StringSliceVar(&o.PayloadPeers, "payload-peers", splitList(envOr("EMBCACHE_PAYLOAD_PEERS", "")),
@@ -76,10 +74,11 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 	if o.LeaseTTL <= 0 || o.StoreTTL <= 0 {
 		return nil, usagef("--lease-ttl %v, --store-ttl %v: each must be above 0", o.LeaseTTL, o.StoreTTL)
 	}
-	o.NATSOptions = f.nats
-	if f.user != "" {
-		o.NATSOptions = append(o.NATSOptions, nats.UserInfo(f.user, f.pass))
+	conn, err := f.conn.options()
+	if err != nil {
+		return nil, err
 	}
+	o.NATSURL, o.NATSOptions = f.conn.url, append(append([]nats.Option(nil), f.nats...), conn...)
 	o.Logger, o.Cache = logger, extra
 	if tel != nil {
 		o.MeterProvider = tel.Meters

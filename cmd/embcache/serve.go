@@ -18,7 +18,7 @@ import (
 )
 
 type serveConfig struct {
-	nf                                        nodeFlags // the node: --nats joins an external NATS, --user its user
+	nf                                        nodeFlags // the node: --nats joins an external NATS, --user is its user (and the embedded server's)
 	storeDir, host, name, clusterName, routes string
 	port, clusterPort                         int
 	tlsCert, tlsKey, tlsCA, natsConfig        string
@@ -52,15 +52,14 @@ func newServe() *cobra.Command {
 	f.StringVar(&c.clusterName, "cluster-name", "embcache", "NATS cluster name")
 	f.IntVar(&c.clusterPort, "cluster-port", 0, "NATS route port (0: no cluster)")
 	f.StringVar(&c.routes, "routes", "", "routes to the other nodes, comma-separated nats-route://host:port")
-	f.StringVar(&c.nf.user, "user", "", "require this NATS user")
-	f.StringVar(&c.nf.pass, "password", envOr("EMBCACHE_NATS_PASSWORD", ""), "its password ($EMBCACHE_NATS_PASSWORD)")
-	f.StringVar(&c.tlsCert, "tls-cert", "", "NATS client TLS certificate (PEM)")
-	f.StringVar(&c.tlsKey, "tls-key", "", "NATS client TLS key (PEM)")
-	f.StringVar(&c.tlsCA, "tls-ca", "", "CA to verify NATS clients with (mutual TLS)")
+	c.nf.conn.add(f, "", "join this NATS instead of embedding one (implies --no-nats)",
+		"the NATS user the embedded server requires, and serve connects as")
+	f.StringVar(&c.tlsCert, "tls-cert", "", "the embedded NATS server's TLS certificate (PEM): clients connect with TLS")
+	f.StringVar(&c.tlsKey, "tls-key", "", "the embedded NATS server's TLS key (PEM)")
+	f.StringVar(&c.tlsCA, "tls-ca", "", "CA the embedded NATS server verifies client certificates with (mutual TLS)")
 	f.StringVar(&c.natsConfig, "nats-config", "", "a nats-server configuration file (accounts, permissions); flags override it")
 	f.BoolVar(&c.noSync, "no-sync", false, "turn JetStream SyncAlways off (faster, loses acknowledged writes on a crash)")
 	f.BoolVar(&c.noNATS, "no-nats", false, "do not embed NATS; join --nats")
-	f.StringVar(&c.nf.o.NATSURL, "nats", "", "join this NATS instead of embedding one (implies --no-nats)")
 	f.BoolVar(&c.noReconciler, "no-reconciler", false, "do not run a reconciler on this node")
 	c.nf.registerServing(f, "replicas of the bucket and stream (3 in a cluster)", "lease TTL (also the reconciler election's)")
 	f.StringVar(&c.nf.o.PayloadListen, "http-listen", "", "the same as --payload-listen")
@@ -73,7 +72,10 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	out := cmd.OutOrStdout()
 	var srv *embedded.Server // the embedded NATS server, if this serve runs one
 	c.nf.o.NoCache, c.nf.o.Reconciler = true, !c.noReconciler
-	if c.nf.o.NATSURL == "" {
+	if _, err := c.nf.conn.options(); err != nil {
+		return err // before a server starts
+	}
+	if c.nf.conn.url == "" {
 		if c.noNATS {
 			return usagef("--no-nats needs --nats URL")
 		}
@@ -95,7 +97,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 			return err
 		}
 		defer srv.Shutdown()
-		fmt.Fprintf(out, "embcache serve: NATS (JetStream, %s) listening at %s\n", c.storeDir, c.nf.o.NATSURL)
+		fmt.Fprintf(out, "embcache serve: NATS (JetStream, %s) listening at %s\n", c.storeDir, c.nf.conn.url)
 	}
 	tel, err := startTelemetry(ctx, "serve", c.metricsListen, out)
 	if err != nil {
@@ -125,7 +127,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 // startNATS starts the embedded server and points the node at it.
 func (c *serveConfig) startNATS() (*embedded.Server, error) {
 	opts := embedded.Options{StoreDir: c.storeDir, Name: c.name, Host: c.host, Port: c.port, NoSync: c.noSync,
-		Username: c.nf.user, Password: c.nf.pass, Logs: c.verbose,
+		Username: c.nf.conn.user, Password: c.nf.conn.pass, Logs: c.verbose,
 		TLSCert: c.tlsCert, TLSKey: c.tlsKey, TLSCA: c.tlsCA, ConfigFile: c.natsConfig}
 	if c.clusterPort != 0 {
 		opts.ClusterName, opts.ClusterHost, opts.ClusterPort = c.clusterName, c.host, c.clusterPort
@@ -145,10 +147,10 @@ func (c *serveConfig) startNATS() (*embedded.Server, error) {
 		srv.Shutdown()
 		return nil, err
 	}
-	if tc != nil {
+	if tc != nil && !c.nf.conn.hasTLS() { // --nats-ca, --nats-cert say otherwise
 		c.nf.nats = append(c.nf.nats, nats.Secure(tc))
 	}
-	c.nf.o.NATSURL = srv.ClientURL()
+	c.nf.conn.url = srv.ClientURL()
 	return srv, nil
 }
 
