@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 project="embcache-test-$$"
+# The pull servers' token (docker-compose.yml's default is public).
+EMBCACHE_PAYLOAD_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export EMBCACHE_PAYLOAD_TOKEN
 dc() { "${compose[@]}" -p "$project" "$@"; }
 cleanup() {
   status=$?
