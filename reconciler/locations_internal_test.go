@@ -113,32 +113,34 @@ func TestARestoreLeavesANewerValueOfTheKeyAlone(t *testing.T) {
 // counted; one discarding younger ones is.
 func TestOnlyDiscardsALiveValueMayNeedAreCounted(t *testing.T) {
 	ctx := context.Background()
-	x, _ := locationsWorld(t, events.MinMaxBytes, WithStoreTTL(time.Second), WithMarkerTTL(time.Second))
+	// A store TTL of 5 s: a flood under load takes seconds, and the
+	// stream's oldest events must still be younger than it when checked.
+	x, _ := locationsWorld(t, events.MinMaxBytes, WithStoreTTL(5*time.Second), WithMarkerTTL(time.Second))
 	r := x.r
 	flood(t, r.js, 0, 3000)
 	if !r.checkStream(ctx, x.events) || r.Stats().DiscardingLive != 1 {
 		t.Fatalf("a stream discarding events younger than a store TTL: not counted (%d)", r.Stats().DiscardingLive)
 	}
-	poll, deadline := time.NewTicker(50*time.Millisecond), time.After(20*time.Second)
+	poll, deadline := time.NewTicker(50*time.Millisecond), time.After(40*time.Second)
 	defer poll.Stop()
 	for {
 		info, err := x.events.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Every event 3 s old, the newest too: those the next flood leaves
-		// are (a flood under load takes seconds; its first events' age
-		// said nothing of the rest).
-		if info.TimeStamp.Sub(info.State.LastTime) > 3*time.Second {
+		// Every event older than the store TTL, the newest too: those the
+		// next flood leaves are (a flood under load takes seconds; its
+		// first events' age said nothing of the rest).
+		if info.TimeStamp.Sub(info.State.LastTime) > 6*time.Second {
 			break
 		}
 		select {
 		case <-poll.C:
 		case <-deadline:
-			t.Fatal("the stream's events never got 3 s old")
+			t.Fatal("the stream's events never got 6 s old")
 		}
 	}
-	flood(t, r.js, 3000, 100) // still at its limit, its oldest event 3 s old
+	flood(t, r.js, 3000, 100) // still at its limit, its oldest event older than the store TTL
 	if r.checkStream(ctx, x.events) || r.Stats().DiscardingLive != 1 {
 		t.Fatalf("a stream discarding only events older than a store TTL counted: %d", r.Stats().DiscardingLive)
 	}
