@@ -88,11 +88,7 @@ func TestAnExpiryLeavesTheSameBytesPutAgain(t *testing.T) {
 	d, _ := rePut(t, url, &cnt)
 	activeReconciler(t, url, d, reconciler.WithDeleter(payload.TransportShm, d))
 	a := eventCache(t, url, d, shmRoute(t, d.Store), WithStoreTTL(time.Second), WithPayloadSweep(-1))
-	if _, err := a.GetOrCompute(context.Background(), "r", ref(1), cnt.fn(1)); err != nil {
-		t.Fatal(err)
-	}
-	a.Release("r")
-	waitFor(t, d.deleted.Load)
+	computeUntilDeleted(t, a, d, &cnt)
 	servedAgain(t, url, d.Store, &cnt)
 }
 
@@ -107,11 +103,7 @@ func TestANoticeLeavesTheSameBytesPutAgain(t *testing.T) {
 	// payload to the node that wrote it.
 	activeReconciler(t, url, d, reconciler.WithNode("other-node"), reconciler.WithDeleter(payload.TransportShm, d))
 	a := eventCache(t, url, d, route(t, payload.TransportShm, d, payload.WithNodeStore(d)), WithStoreTTL(time.Second), WithPayloadSweep(-1))
-	if _, err := a.GetOrCompute(context.Background(), "r", ref(1), cnt.fn(1)); err != nil {
-		t.Fatal(err)
-	}
-	a.Release("r")
-	waitFor(t, d.deleted.Load)
+	computeUntilDeleted(t, a, d, &cnt)
 	servedAgain(t, url, d.Store, &cnt)
 }
 
@@ -184,4 +176,15 @@ func TestASweepRemovesItsFileOfAKeyComputedOnAnotherNode(t *testing.T) {
 			t.Errorf("%s's file of the live value went: %v", n.name, err)
 		}
 	}
+}
+
+// computeUntilDeleted computes ref(1) through a and waits for d's first
+// delete of it (the re-put comes in between).
+func computeUntilDeleted(t *testing.T, a *Cache, d *rePutFirst, cnt *counter) {
+	t.Helper()
+	if _, err := a.GetOrCompute(context.Background(), "r", ref(1), cnt.fn(1)); err != nil {
+		t.Fatal(err)
+	}
+	a.Release("r")
+	waitFor(t, d.deleted.Load)
 }
