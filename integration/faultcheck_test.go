@@ -202,9 +202,10 @@ func (h *histories) invalidatedBetween(k int, c1, c2 hist) bool {
 // lostComputes counts, per key, the computes that did not commit for a
 // reason the checker accepts: the lease protocol refused their commit
 // (an acknowledgement past the deadline, or of unknown outcome at it:
-// docs/protocol.md 3.1), a fault touched them, or their worker heard an
-// invalidation of their labels during the request (a pull it then
-// refuses is computed unshared: docs/protocol.md 4.4). Each explains the next
+// docs/protocol.md 3.1), a fault touched them, their worker heard an
+// invalidation of their labels during the request, or the request began
+// before its worker's event link was up (in both, a pull it then refuses
+// is computed unshared: docs/protocol.md 4.4). Each explains the next
 // compute of its key, however long the fault (a node stopped for seconds
 // can refuse several commits in turn). A refusal needs no fault injected
 // here: on a starved machine (three schedules of 3 shards on 2 cores) a
@@ -214,13 +215,15 @@ func (h *histories) invalidatedBetween(k int, c1, c2 hist) bool {
 // extra computes are the larger of its faults and its lost computes, not
 // their sum, which would count a fault twice.
 func (h *histories) lostComputes() (lost map[int]int, refusedUnfaulted int) {
-	committed, refused := map[[2]any]bool{}, map[[2]any]bool{}
+	committed, refused, unlinked := map[[2]any]bool{}, map[[2]any]bool{}, map[[2]any]bool{}
 	for _, l := range h.all {
 		switch l.Ev {
 		case "committed":
 			committed[[2]any{l.W, l.From}] = true
 		case "refused":
 			refused[[2]any{l.W, l.From}] = true
+		case "unlinked":
+			unlinked[[2]any{l.W, l.From}] = true
 		}
 	}
 	lost = map[int]int{}
@@ -236,10 +239,11 @@ func (h *histories) lostComputes() (lost map[int]int, refusedUnfaulted int) {
 			}
 		}
 		faulted := slices.ContainsFunc(h.windows, func(f window) bool { return f.from <= end && f.to >= c.T })
-		if faulted || refused[[2]any{c.W, c.From}] || h.heardDuring(c.W, faultLabels(c.Key), c.From, end) {
+		req := [2]any{c.W, c.From}
+		if faulted || refused[req] || unlinked[req] || h.heardDuring(c.W, faultLabels(c.Key), c.From, end) {
 			lost[c.Key]++
 		}
-		if !faulted && refused[[2]any{c.W, c.From}] {
+		if !faulted && refused[req] {
 			refusedUnfaulted++
 		}
 	}
@@ -578,5 +582,29 @@ func TestCheckerExplainsAComputeAfterAnInvalidationHeardMidRequest(t *testing.T)
 				t.Fatalf("violation %v, want %v: %q", got, tc.violation, vs)
 			}
 		})
+	}
+}
+
+// A request that began before its worker's event link was up and computed
+// unshared (the link came up meanwhile) explains a compute of its own; one
+// begun with the link up does not.
+func TestCheckerExplainsAComputeOfARequestBegunUnlinked(t *testing.T) {
+	const s = int64(time.Second)
+	lines := []hist{
+		{T: 10 * s, W: "w0", Ev: "compute-start", Key: 0, ID: 1, From: 5 * s},
+		{T: 12 * s, W: "w0", Ev: "committed", Key: 0, ID: 1, From: 5 * s},
+		{T: 33 * s, W: "w2", Ev: "compute-start", Key: 0, ID: 3, From: 26 * s},
+		{T: 34 * s, W: "w2", Ev: "served", Key: 0, OK: true, ID: 3, From: 26 * s, Note: "degraded"},
+	}
+	for _, unlinked := range []bool{true, false} {
+		all := slices.Clone(lines)
+		if unlinked {
+			all = append(all, hist{T: 26 * s, W: "w2", Ev: "unlinked", Key: 0, OK: true, From: 26 * s})
+		}
+		slices.SortStableFunc(all, func(a, b hist) int { return int(a.T - b.T) })
+		_, _, vs := newHistories(all, nil, nil, false).check()
+		if got := len(vs) > 0; got == unlinked {
+			t.Fatalf("unlinked %v: violations %q", unlinked, vs)
+		}
 	}
 }

@@ -68,7 +68,7 @@ func computeID(v *payload.Value) uint64 {
 type hist struct {
 	T    int64  `json:"t"`            // unix nanos
 	W    string `json:"w"`            // worker
-	Ev   string `json:"ev"`           // ready, compute-start, compute-end, served, error, reserved, committed, refused, heard, done
+	Ev   string `json:"ev"`           // ready, unlinked, compute-start, compute-end, served, error, reserved, committed, refused, heard, done
 	Key  int    `json:"key"`          // -1 for worker-wide lines
 	Rev  uint64 `json:"rev"`          // fencing token, for lease events
 	OK   bool   `json:"ok"`           // served: key k's bytes, under the id of a compute
@@ -171,6 +171,12 @@ func runFaultWorker() int {
 		k := rng.IntN(keys)
 		req := fmt.Sprint("op-", i)
 		h.begin()
+		if !c.Stats().Events {
+			// The request began before the Cache's event link was up: a
+			// pull it makes is computed unshared if the link comes up
+			// meanwhile (its invalidations heard cannot be compared).
+			h.emit("unlinked", k, 0, true, "")
+		}
 		v, path, err := c.GetOrComputePath(context.Background(), req, faultRef(k), func(context.Context) (*payload.Value, error) {
 			id := ids.Uint64() | 1 // never 0: 0 is "no compute"
 			h.computing(k, id)
