@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
@@ -15,7 +16,12 @@ import (
 // committed on another node with a file of its own store, bit-identical.
 func TestRemoteHitPulledToShm(t *testing.T) {
 	url := startServer(t).ClientURL()
-	n1, n2 := startNode(t, url, "n1"), startNode(t, url, "n2", func(o *embnode.Options) { o.PullToShm = true })
+	// Leases of 5 s: under make test's load a commit's write can take longer
+	// than a 1 s lease less its allowance, and the protocol then gives the
+	// key up (n2 would reserve it, not hit it).
+	longLease := func(o *embnode.Options) { o.LeaseTTL = 5 * time.Second }
+	n1 := startNode(t, url, "n1", longLease)
+	n2 := startNode(t, url, "n2", longLease, func(o *embnode.Options) { o.PullToShm = true })
 	c1, c2 := client(t, n1), client(t, n2)
 	ctx := context.Background()
 	ref := keyOf(t, c1, "pulled-to-shm")
