@@ -165,10 +165,13 @@ func (c *Cache) invalidationsHeard(ref Ref) int64 {
 }
 
 // invalidationHeardAt is the Time of the latest invalidated event of
-// ref's labels this process has applied, while its tombstone lives
-// (lease.TombstoneTTL; then no record it refuses is left): every tombstone
-// read of those labels must reflect it (lease.Bucket.Invalidated). Zero
-// without one, or without an event link.
+// ref's labels this process has applied, while its tombstone surely lives:
+// every tombstone read of those labels must reflect it
+// (lease.Bucket.Invalidated). The tombstone's TTL is the invalidator's
+// (from its store TTL), so the shortest a tombstone lives is what counts,
+// less two clock allowances (the event's Time is the invalidator's clock):
+// after that a read that finds none may be right. Zero without one, or
+// without an event link.
 func (c *Cache) invalidationHeardAt(ref Ref) time.Time {
 	l := c.eventLink()
 	if l == nil {
@@ -178,7 +181,7 @@ func (c *Cache) invalidationHeardAt(ref Ref) time.Time {
 	defer l.mu.Unlock()
 	k := labels{ref.Tenant, ref.Model, ref.Epoch}
 	at := l.heardAt[k]
-	if !at.IsZero() && time.Since(at) > lease.TombstoneTTL(c.s.storeTTL) {
+	if !at.IsZero() && c.s.clock.Now().Sub(at) > lease.TombstoneTTL(0)-2*c.s.clockAllowance {
 		delete(l.heardAt, k)
 		return time.Time{}
 	}

@@ -140,7 +140,11 @@ func positive(name string, d time.Duration) error {
 	return nil
 }
 
-// WithBucket names the KV bucket (default EMBCACHE_LEASES).
+// WithBucket names the KV bucket (default EMBCACHE_LEASES). Every bucket
+// of an account shares its one event stream: an invalidation made through
+// another bucket reaches this Cache too, which then shares no value of
+// its labels until they are invalidated through this bucket as well, or
+// 25 h pass (docs/protocol.md 4.4). Use one bucket per account.
 func WithBucket(name string) Option {
 	return func(s *settings) error {
 		if name == "" {

@@ -248,11 +248,17 @@ func (b *Bucket) Create(ctx context.Context, key string, r Record, ttl time.Dura
 // key's subject with the expected-sequence and TTL headers itself.
 // ErrLost means rev is no longer the key's revision.
 func (b *Bucket) CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
+	return b.compareAndSetIn(ctx, b.shardOf(key), key, rev, r, ttl)
+}
+
+// compareAndSetIn is CompareAndSet in shard. rev 0 means the key has no
+// message in it.
+func (b *Bucket) compareAndSetIn(ctx context.Context, shard int, key string, rev uint64, r Record, ttl time.Duration) (uint64, error) {
 	data, err := r.encode()
 	if err != nil {
 		return 0, err
 	}
-	msg := &nats.Msg{Subject: b.Subject(key), Data: data}
+	msg := &nats.Msg{Subject: b.subjectIn(shard, key), Data: data}
 	var ack *jetstream.PubAck
 	err = whileInFlight(ctx, key, func() (err error) {
 		ack, err = b.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(wholeSeconds(ttl)))

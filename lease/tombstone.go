@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -27,25 +28,33 @@ func IsTombstoneKey(key string) bool {
 // TombstoneTTL is how long a tombstone lives: longer than any record it
 // refuses, which expire within a store TTL once nothing extends them, and
 // at least as long as the event stream keeps the invalidated event.
+// TombstoneTTL(0) is the shortest, whatever the invalidator's store TTL.
 func TombstoneTTL(storeTTL time.Duration) time.Duration {
 	return max(events.MaxAge, 2*storeTTL)
 }
 
 // PutTombstone writes r, the tombstone of tenant's model and epoch, into
-// every shard, whatever is there, with the TTL ttl. A record's revisions
-// are its shard's sequence, so each shard holds the tombstone its own
-// records are compared with (docs/protocol.md 3.4). The shards are written
-// at once, so the invalidation costs one write's time whatever their
-// number. It holds once every shard has its tombstone: on an error (the
-// first one, naming its shard) some may have it and some not, and the
-// caller tries again.
+// every shard, with the TTL ttl. A record's revisions are its shard's
+// sequence, so each shard holds the tombstone its own records are
+// compared with (docs/protocol.md 3.4). The shards are written at once,
+// so the invalidation costs one write's time whatever their number. It
+// holds once every shard has its tombstone: on an error (the first one,
+// naming its shard) some may have it and some not, and the caller tries
+// again.
+//
+// Each write is a new revision, whatever is there: a record reserved
+// before it is refused. Its Started is the later of r's and that of the
+// tombstone it replaces (a compare-and-set on the revision read): two
+// invalidations whose writes land in the other order than their clock
+// readings leave the later reading, which every reader that heard both
+// events compares its tombstone reads with (Invalidated).
 func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch uint64, r Record, ttl time.Duration) error {
 	key := TombstoneKey(tenant, model, epoch)
 	errs := make([]error, len(b.shards))
 	var wg sync.WaitGroup
 	for shard := range b.shards {
 		wg.Go(func() {
-			if _, err := b.putIn(ctx, shard, key, r, ttl); err != nil {
+			if err := b.putTombstoneIn(ctx, shard, key, r, ttl); err != nil {
 				errs[shard] = fmt.Errorf("lease: tombstone %s in shard %d: %w", key, shard, err)
 			}
 		})
@@ -57,6 +66,37 @@ func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch u
 		}
 	}
 	return nil
+}
+
+// putTombstoneIn writes r into shard as its tombstone at key, on the
+// revision it read, with the later Started of the two; a write that
+// another one beat is tried again on what that one left.
+func (b *Bucket) putTombstoneIn(ctx context.Context, shard int, key string, r Record, ttl time.Duration) error {
+	delay := time.Millisecond
+	for {
+		cur, err := b.readIn(ctx, shard, key)
+		if err != nil && !errors.Is(err, ErrBadRecord) {
+			return err
+		}
+		tomb := r
+		if cur.Live && cur.Record.State == StateInvalidated && cur.Record.Started.After(tomb.Started) {
+			tomb.Started = cur.Record.Started
+		}
+		_, err = b.compareAndSetIn(ctx, shard, key, cur.Rev, tomb, ttl)
+		if !errors.Is(err, ErrLost) {
+			return err
+		}
+		// Another write landed since the read (or the read lagged: a direct
+		// get): read again, after a pause that grows.
+		delay = min(2*delay, 100*time.Millisecond)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (its last write was refused: %v)", context.Cause(ctx), err)
+		case <-t.C:
+		}
+	}
 }
 
 // Tomb is a tombstone as read: its revision in its shard (0: there is

@@ -78,7 +78,7 @@ type Options struct {
 	// processes shm files anyway.
 	PullToShm bool
 
-	Bucket      string        // the lease bucket (default lease.DefaultBucket)
+	Bucket      string        // the lease bucket (default lease.DefaultBucket); one per account: see coordinator.WithBucket
 	Replicas    int           // of the bucket and stream when this node creates them (0: the coordinator's default)
 	LeaseShards int           // KV buckets the keys spread over when this node creates the bucket (0: as the bucket records, 1 if new)
 	LeaseTTL    time.Duration // 0: the coordinator's default
