@@ -304,6 +304,16 @@ class Embedding:
         self.buffer: memoryview = whole[offset:offset + length]  # read-only
         self._views = [whole, self.buffer]
 
+    @property
+    def offset(self) -> int:
+        """Where the value's data begins in its file."""
+        return self._offset
+
+    @property
+    def length(self) -> int:
+        """The value's data's length in bytes."""
+        return self._length
+
     def numpy(self) -> "numpy.ndarray[Any, Any]":
         """A read-only numpy array over the mapping (no copy). bfloat16,
         which numpy lacks, comes back as uint16."""
