@@ -165,6 +165,16 @@ func ensure(path string, mode uint32, group int, exact bool) (created bool, err 
 	}
 }
 
+// Made reports whether path is already a directory Make(path, mode,
+// group) would leave as it is, looking at it alone (one lstat, not the
+// directories above it): the fast path of a caller that makes the same
+// directory often, after it made the one above.
+func Made(path string, mode uint32, group int) bool {
+	var st unix.Stat_t
+	return unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid() &&
+		st.Mode&0o7777 == mode && (group == NoGroup || int(st.Gid) == group)
+}
+
 // Check checks the existing directory path as Make and Use do, without
 // changing it: an *Error if it is unsafe, or an error that it cannot be
 // read.

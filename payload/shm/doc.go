@@ -24,6 +24,15 @@
 // hashing it as it writes, and puts it in place only if it matches the
 // checksum it was sent for.
 //
+// The store's directory and every directory in it must be the process's
+// own: Open refuses one owned by another user, a link, or one another user
+// may write (ErrUnsafeDir; ErrOtherGroup for a group other than the
+// store's), since a user who made /dev/shm/embcache first could read every
+// value and replace one before its commit. Its files are the owner's only
+// (directories 0700, values 0400) unless WithGroup gives a group read
+// access (0750 set-group-ID, 0440): the processes of another user that map
+// the values, as vLLM's do through the node agent.
+//
 // A delete is of the file's generation its caller saw (Generation: its
 // inode and ctime) before it decided: a Put of the same bytes since moves
 // the file's times, a new generation, and the delete leaves it. Puts that

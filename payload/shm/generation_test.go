@@ -109,7 +109,8 @@ func TestAPutOverACorruptFileLeavesAValueItsLocationCannotRead(t *testing.T) {
 
 // lockedByAnotherProcess starts a process (flock(1)) that holds an
 // exclusive flock on path until the test ends: any process of the node
-// that can open the file can (files are 0444, directories 0755), and so
+// that can open the file can (any local user could while files were 0444
+// in 0755 directories; a member of a WithGroup group can), and so
 // does a process of the node stopped (SIGSTOP, a debugger, a node paused
 // by a fault) inside a Delete or a Put of the key. The process is ended,
 // by its id, when the test ends.
@@ -147,8 +148,9 @@ func lockedByAnotherProcess(t *testing.T, path string) {
 // since b6e78c2 every Put that finds the key's file there, every Delete and
 // every reader's removal of a corrupt file takes an exclusive flock of the
 // value file, blocking (LOCK_EX, no LOCK_NB, no timeout) and deaf to ctx.
-// Another process holding that lock (any local user may: the file is 0444
-// in a 0755 directory; or a process of the node stopped inside a Delete)
+// Another process holding that lock (any local user could while the file
+// was 0444 in a 0755 directory, as a WithGroup group's member can; or a
+// process of the node stopped inside a Delete)
 // holds every Put and Delete of the key, in every process of the node, for
 // as long as it likes; ctx does not end them. Before b6e78c2 nothing here
 // waited for anyone. (coordinator's TestCloseWaitsForACommitStuckOnAFileLock

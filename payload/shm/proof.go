@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/embcache/embcache/internal/localdir"
 	"github.com/embcache/embcache/payload"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sys/unix"
@@ -220,7 +221,8 @@ func (ps *proofs) read(obj payload.ObjectID) (proof, error) {
 // write puts p in place as obj's node proof, whole (a temp file renamed).
 func (ps *proofs) write(obj payload.ObjectID, p proof) {
 	final := ps.path(obj)
-	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil || !ps.realDir(obj.Tenant) {
+	d := filepath.Dir(final)
+	if !localdir.Made(d, localdir.Private, localdir.NoGroup) && localdir.Make(d, localdir.Private, localdir.NoGroup) != nil || !ps.realDir(obj.Tenant) {
 		return
 	}
 	tmp, err := os.CreateTemp(filepath.Join(ps.dir, tmpDir), "proof-*")

@@ -36,6 +36,19 @@ func openAs(t *testing.T, uid int, path string, flags int) int {
 	return fd
 }
 
+// letOthersIn lets every user search the store's directory and obj's
+// tenant's, as an earlier version's were (0755; they are the owner's only
+// since): the proofs must hold for a file another user can reach, as the
+// members of a WithGroup group can.
+func letOthersIn(t *testing.T, s *Store, obj payload.ObjectID) {
+	t.Helper()
+	for _, d := range []string{s.Dir(), filepath.Dir(s.Path(obj))} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // flipThroughMapping flips a bit of the byte at off through a writable
 // shared mapping of fd, as any process that may open the file for writing
 // can (or a memory error under tmpfs would), and checks that the file's
@@ -91,7 +104,6 @@ func TestAnotherUsersFileIsHashedAtEveryMap(t *testing.T) {
 	}
 	ctx := context.Background()
 	dir := testDir(t)
-	os.Chmod(dir, 0o755) // as the store's directories are (docs 2.3)
 	s, _ := Open(dir)
 	v := testValue(10_000)
 	loc, err := s.Put(ctx, obj(40), v)
@@ -99,6 +111,7 @@ func TestAnotherUsersFileIsHashedAtEveryMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := s.Path(obj(40))
+	letOthersIn(t, s, obj(40))
 	// The other user's file, with the genuine bytes, writable by them.
 	if err := os.Chown(path, otherUID, otherUID); err != nil {
 		t.Fatal(err)
@@ -137,7 +150,6 @@ func TestAWritableFileIsNeverProved(t *testing.T) {
 	}
 	ctx := context.Background()
 	dir := testDir(t)
-	os.Chmod(dir, 0o755) // as the store's directories are (docs 2.3)
 	writer, _ := Open(dir)
 	v := testValue(10_000)
 	loc, err := writer.Put(ctx, obj(41), v)
@@ -154,6 +166,7 @@ func TestAWritableFileIsNeverProved(t *testing.T) {
 		t.Fatal(err)
 	}
 	got.Close()
+	letOthersIn(t, reader, obj(41))
 	fd := openAs(t, otherUID, path, unix.O_RDWR) // any user may: the mode says so
 	defer unix.Close(fd)
 	flipThroughMapping(t, fd, loc.Size-1)
@@ -192,8 +205,11 @@ func TestSweepFollowsNoLinkOutOfTheStore(t *testing.T) {
 	if _, err := Open(dir); err == nil {
 		t.Fatal("a store whose .proofs is a link opened")
 	}
-	// Planted after Open: Sweep does not follow it either.
+	// Planted after Open: Sweep does not follow it either. (The squatter's
+	// directory itself is refused since: the store's own from here on.)
 	os.Remove(filepath.Join(dir, proofDir))
+	os.Chown(dir, os.Geteuid(), os.Getegid())
+	os.Chmod(dir, 0o700)
 	s, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/embcache/embcache/internal/localdir"
 	"github.com/embcache/embcache/payload"
 	"github.com/zeebo/blake3"
 	"golang.org/x/sys/unix"
@@ -27,6 +28,21 @@ const (
 	trailerSize = len(payload.Checksum{})
 )
 
+var (
+	// ErrUnsafeDir is returned by Open, and by Put and Receive for a
+	// tenant's directory, for a directory of the store another local user
+	// could change: owned by another user, a link, writable by every user,
+	// or by a group other than the store's (WithGroup), or below a
+	// directory of another user's. The error names the directory and why;
+	// the directory is left as it is. Such a user could have read what the
+	// store's clients keep there and changed a value before its commit.
+	ErrUnsafeDir = localdir.ErrUnsafe
+	// ErrOtherGroup is the ErrUnsafeDir of a directory a group other than
+	// the store's may write (any group, without WithGroup); it matches
+	// both.
+	ErrOtherGroup = localdir.ErrOtherGroup
+)
+
 // Store is the shm transport of one node. Several processes may share a
 // directory; each Store accounts the bytes it sees at Open and what it
 // writes or deletes itself.
@@ -35,6 +51,7 @@ type Store struct {
 	node       string
 	maxBytes   int64
 	verifyData bool
+	group      int // WithGroup's gid, or localdir.NoGroup
 
 	proofs *proofs // which file versions are known to hash to their trailer
 
@@ -81,7 +98,29 @@ func WithVerifyData(on bool) Option {
 	return func(s *Store) error { s.verifyData = on; return nil }
 }
 
+// WithGroup lets a group read the store's values: the processes of the
+// node that map them and run as another user, such as vLLM's, which reach
+// them through the node agent. group is a name or a number; this process
+// must run as root or be a member of it. The store's directories are then
+// 0750 and set-group-ID, of that group, and its files 0440. Without it
+// (the default) they are the owner's only: directories 0700, files 0400.
+// The store's temp files and proofs are the owner's only either way.
+func WithGroup(group string) Option {
+	return func(s *Store) error {
+		gid, err := localdir.LookupGroup(group)
+		if err != nil {
+			return fmt.Errorf("shm: %w", err)
+		}
+		s.group = gid
+		return nil
+	}
+}
+
 // Open opens (creating if needed) the store in dir ("" means DefaultDir).
+// The directory, and every directory in it, must be this process's own
+// (ErrUnsafeDir, ErrOtherGroup: see there); Open gives them the modes of
+// WithGroup (owner-only without it), which an earlier version of the
+// store left more open (0755).
 func Open(dir string, opts ...Option) (*Store, error) {
 	if dir == "" {
 		dir = DefaultDir
@@ -91,20 +130,20 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	s := &Store{dir: abs, node: host, maxBytes: 1 << 62, verifyData: true}
+	s := &Store{dir: abs, node: host, maxBytes: 1 << 62, verifyData: true, group: localdir.NoGroup}
 	for _, opt := range opts {
 		if err := opt(s); err != nil {
 			return nil, err
 		}
 	}
+	if err := localdir.Make(abs, localdir.DirMode(s.group), s.group); err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	// Sweeps remove files in them: a link would lead them out of the
+	// store (Make refuses one).
 	for _, sub := range []string{tmpDir, proofDir} {
-		d := filepath.Join(abs, sub)
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := localdir.Make(filepath.Join(abs, sub), localdir.Private, localdir.NoGroup); err != nil {
 			return nil, fmt.Errorf("shm: %w", err)
-		}
-		// Sweeps remove files in them: a link would lead them out of the store.
-		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("shm: %s is not a directory (a link?): refused", d)
 		}
 	}
 	s.proofs = newProofs(abs)
@@ -114,6 +153,11 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		}
 		if d.IsDir() && (d.Name() == tmpDir || d.Name() == proofDir) {
 			return filepath.SkipDir
+		}
+		if d.IsDir() && filepath.Dir(path) == abs { // a tenant's
+			if err := localdir.Make(path, localdir.DirMode(s.group), s.group); err != nil {
+				return err
+			}
 		}
 		if !d.IsDir() {
 			if info, err := d.Info(); err == nil {
@@ -130,6 +174,22 @@ func Open(dir string, opts ...Option) (*Store, error) {
 
 // Dir returns the store's directory.
 func (s *Store) Dir() string { return s.dir }
+
+// Group returns the gid WithGroup gave the store, or -1 (none).
+func (s *Store) Group() int { return s.group }
+
+// tenantDir makes the directory of tenant's values, if it is not made
+// already.
+func (s *Store) tenantDir(tenant string) error {
+	d, mode := filepath.Join(s.dir, tenant), localdir.DirMode(s.group)
+	if localdir.Made(d, mode, s.group) {
+		return nil
+	}
+	if err := localdir.Make(d, mode, s.group); err != nil {
+		return fmt.Errorf("shm: %w", err)
+	}
+	return nil
+}
 
 // Node returns the node name its Locations carry (WithNode).
 func (s *Store) Node() string { return s.node }
@@ -502,8 +562,8 @@ func (s *Store) put(ctx context.Context, final string, size int64, sum payload.C
 			s.mu.Unlock()
 		}
 	}()
-	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return proof{}, false, fmt.Errorf("shm: %w", err)
+	if err := s.tenantDir(filepath.Base(filepath.Dir(final))); err != nil {
+		return proof{}, false, err
 	}
 	tmp, err := os.CreateTemp(filepath.Join(s.dir, tmpDir), strconv.Itoa(os.Getpid())+"-*")
 	if err != nil {
@@ -535,7 +595,14 @@ func (s *Store) put(ctx context.Context, final string, size int64, sum payload.C
 		}
 		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
-	if err := tmp.Chmod(0o444); err != nil {
+	// Read-only (a proof needs it: docs/protocol.md 2.3), and for the
+	// owner only unless WithGroup.
+	if s.group != localdir.NoGroup {
+		if err := tmp.Chown(-1, s.group); err != nil {
+			return proof{}, false, fmt.Errorf("shm: %w", err)
+		}
+	}
+	if err := tmp.Chmod(fs.FileMode(localdir.FileMode(s.group))); err != nil {
 		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
 	// No fsync: tmpfs has nothing to sync, and the file is a cache entry.

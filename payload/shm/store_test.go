@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/internal/localdir/localdirtest"
 	"github.com/embcache/embcache/payload"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -26,6 +27,7 @@ import (
 // TestMain doubles as the helper process of the cross-process tests: with
 // SHM_HELPER set, the test binary runs one helper and exits.
 func TestMain(m *testing.M) {
+	localdirtest.Main() // a child acting as another user
 	if mode := os.Getenv("SHM_HELPER"); mode != "" {
 		os.Exit(helper(mode))
 	}
