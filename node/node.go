@@ -62,7 +62,9 @@ func New(opts Options) (*Node, error) {
 // Start connects to NATS, opens the shm store (and the Mooncake store),
 // starts the pull server, builds the Cache (unless NoCache) and starts the
 // reconciler (with Reconciler; it runs until Close, not until ctx ends).
-// It does not wait for JetStream: Ready does.
+// It does not wait for JetStream: Ready does. A shm directory another
+// local user owns, links or may write is an error matching
+// shm.ErrUnsafeDir (shm.Open).
 // In the default mode an unreachable NATS is not an error: the Cache
 // computes locally until it is back (see Ready). On error everything
 // opened so far is released. A second call returns ErrStarted.
@@ -83,6 +85,9 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	sopts := []shm.Option{shm.WithNode(o.Name)}
 	if o.ShmMaxBytes > 0 {
 		sopts = append(sopts, shm.WithMaxBytes(o.ShmMaxBytes))
+	}
+	if o.ShmGroup != "" {
+		sopts = append(sopts, shm.WithGroup(o.ShmGroup))
 	}
 	if n.store, err = shm.Open(o.ShmDir, sopts...); err != nil {
 		return err

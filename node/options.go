@@ -8,6 +8,7 @@ import (
 
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/localdir"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -49,6 +50,12 @@ type Options struct {
 	Name        string // this node's name in leases, locations and shm files
 	ShmDir      string // shm payload directory (default shm.DefaultDir)
 	ShmMaxBytes int64  // shm budget in bytes (0: the store's default)
+	// ShmGroup is the group (a name or a gid) that may read the shm
+	// store's values (shm.WithGroup): the processes of another user that
+	// map them, vLLM's through an agent, which also lets that group
+	// connect to its socket. This process must run as root or be a member
+	// of it. Empty: the store is the owner's only.
+	ShmGroup string
 
 	// Payload is the transport this node writes with: PayloadShm,
 	// PayloadHTTP or PayloadMooncake. Empty: PayloadHTTP when PayloadListen
@@ -143,6 +150,9 @@ func (o *Options) Validate() error {
 	}
 	if o.ShmMaxBytes < 0 {
 		return fmt.Errorf("%w: shm budget %d < 0", ErrInvalidOption, o.ShmMaxBytes)
+	}
+	if _, err := localdir.LookupGroup(o.ShmGroup); err != nil {
+		return fmt.Errorf("%w: shm group: %w", ErrInvalidOption, err)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
