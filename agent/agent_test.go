@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,12 +22,16 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/localdir/localdirtest"
 	embnode "github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload/shm"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	localdirtest.Main() // a child acting as another user
+	goleak.VerifyTestMain(m)
+}
 
 // node is one agent: its own cache, shm store and payload server, as on a
 // node of its own.
@@ -306,20 +311,30 @@ func TestKeyRequestNamesAreExact(t *testing.T) {
 // TestReserveSlotCommitHit: the first lookup reserves; the tensor written
 // into a slot is committed; every later lookup, on this agent and another,
 // maps the same bytes.
-// The slot directory is set-group-ID, sticky and 0730: a slot a client
-// makes belongs to the directory's group, by which the agent reads it,
-// and its other members can neither list the slots nor remove another's.
-// (Chmod with 0o2770 left the bit off: Go's FileMode has its own bit for
-// it; a new user's walkthrough found it. 0770 let the group list and
-// replace any slot: a helper's hunt found it.)
+// The slot directory is the agent's user's only (0700) without a group;
+// with the store's group it is set-group-ID, sticky and 0730: a slot a
+// client makes belongs to the directory's group, by which the agent reads
+// it, and its other members can neither list the slots nor remove
+// another's. (Chmod with 0o2770 left the bit off: Go's FileMode has its
+// own bit for it; a new user's walkthrough found it. 0770 let the group
+// list and replace any slot: a helper's hunt found it.)
 func TestSlotDirectoryIsSetGroupID(t *testing.T) {
-	n := startNode(t, startServer(t).ClientURL(), "n1")
+	url := startServer(t).ClientURL()
+	n := startNode(t, url, "n1")
 	fi, err := os.Stat(n.slots)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if fi.Mode()&(os.ModeSetgid|os.ModeSticky) != 0 || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("slot directory %s without a group: mode %v, want 0700", n.slots, fi.Mode())
+	}
+	group := strconv.Itoa(os.Getegid())
+	n = startNode(t, url, "n2", func(o *embnode.Options) { o.ShmGroup = group })
+	if fi, err = os.Stat(n.slots); err != nil {
+		t.Fatal(err)
+	}
 	if fi.Mode()&os.ModeSetgid == 0 || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o730 {
-		t.Fatalf("slot directory %s: mode %v, want set-group-ID, sticky and 0730", n.slots, fi.Mode())
+		t.Fatalf("slot directory %s of group %s: mode %v, want set-group-ID, sticky and 0730", n.slots, group, fi.Mode())
 	}
 }
 

@@ -151,7 +151,7 @@ func (s *Server) handleKeySlot(w http.ResponseWriter, r *http.Request) {
 	}
 	name := randomID()
 	path := filepath.Join(s.slotDir, "key-"+name)
-	m, err := createKeySlot(path, req.Size)
+	m, err := createKeySlot(path, req.Size, s.group)
 	if err != nil {
 		s.fail(w, fmt.Errorf("agent: creating key slot: %w", err)) // no_space: the client sends the body instead
 		return

@@ -21,9 +21,11 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/internal/dirlock"
+	"github.com/embcache/embcache/internal/localdir"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -56,6 +58,7 @@ type Server struct {
 	cache      *coordinator.Cache
 	store      *shm.Store
 	slotDir    string
+	group      int      // the store's group (shm.WithGroup): the slots' and the slot directory's, or localdir.NoGroup
 	slotLock   *os.File // the slot directory, flock(2)ed while this agent runs
 	unlockOnce sync.Once
 	maxBody    int64
@@ -118,25 +121,37 @@ func WithMaxBody(n int64) Option {
 	}
 }
 
-// New returns the API of cache, whose values are served from store. The
-// cache's payload router must have store as its node store (payload.WithNodeStore) so that committed values land
-// in it.
-// slotDirMode is the slot directory's. Set-group-ID: a slot a client
-// makes (0640) belongs to the directory's group, which the agent reads it
-// by and whose other members cannot write it. The group may create files
-// and open one by its name (random, told only to its connection) but not
-// list them (-wx), and, sticky, not remove or rename another's: so a
-// client of another user cannot write a slot the agent made (0660, a
-// connection's key slot), nor put its own file in the place of another
-// client's slot before its commit.
-const slotDirMode = 0o730 | os.ModeSetgid | os.ModeSticky
+// slotDirMode is the slot directory's when the store has a group
+// (shm.WithGroup): the group's members are the clients of another user.
+// Set-group-ID: a slot a client makes (0640) belongs to the directory's
+// group, which the agent reads it by and whose other members cannot write
+// it. The group may create files and open one by its name (random, told
+// only to its connection) but not list them (-wx), and, sticky, not
+// remove or rename another's: so a client of another user cannot write a
+// slot the agent made (0660, a connection's key slot), nor put its own
+// file in the place of another client's slot before its commit. Without
+// a group it is the owner's only (0700), and so are the slots the agent
+// makes (0600): only clients of the agent's own user use them.
+const slotDirMode = 0o730 | unix.S_ISGID | unix.S_ISVTX
 
+// New returns the API of cache, whose values are served from store. The
+// cache's payload router must have store as its node store
+// (payload.WithNodeStore) so that committed values land in it.
+//
+// The slot directory (WithSlotDir) must be this process's own: another
+// user's, a link, or one another user or a group other than the store's
+// may write is refused with an error matching shm.ErrUnsafeDir (and
+// shm.ErrOtherGroup for the group), and left as it is; another user who
+// made it first would read the inputs clients key and the values they
+// commit, and change them. It gets the store's group (shm.WithGroup), if
+// any, and the mode that goes with it (slotDirMode; 0700 without).
+// Another running agent's is ErrSlotDirInUse.
 func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, error) {
 	if cache == nil || store == nil {
 		return nil, errors.New("agent: a cache and an shm store are required")
 	}
 	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
-		logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{},
+		group: store.Group(), logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{},
 		landing: map[payload.ObjectID]chan struct{}{}}
 	s.stored, _ = lru.New[payload.ObjectID, storedFile](1 << 16)
 	s.ended, _ = lru.New[string, error](1 << 14)
@@ -147,10 +162,11 @@ func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, e
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(s.slotDir, slotDirMode.Perm()); err != nil {
-		return nil, fmt.Errorf("agent: slot directory: %w", err)
+	mode := uint32(localdir.Private)
+	if s.group != localdir.NoGroup {
+		mode = slotDirMode
 	}
-	if err := os.Chmod(s.slotDir, slotDirMode); err != nil {
+	if err := localdir.Make(s.slotDir, mode, s.group); err != nil {
 		return nil, fmt.Errorf("agent: slot directory: %w", err)
 	}
 	var err error
@@ -566,7 +582,7 @@ func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
 	}
 	name := randomID()
 	path := filepath.Join(s.slotDir, name)
-	f, err := createSlotFile(path)
+	f, err := createSlotFile(path, s.group)
 	if err == nil {
 		err = f.Truncate(req.Size)
 		f.Close()

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/internal/localdir"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -329,14 +330,19 @@ type slotMapping struct {
 	close func() error
 }
 
-// createSlotFile creates path, which must not exist, for the socket's
-// group to write: 0660 whatever the agent's umask.
-func createSlotFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+// createSlotFile creates path, which must not exist, for the client to
+// write: 0600, or 0660 for the store's group (the clients of another
+// user), whatever the agent's umask.
+func createSlotFile(path string, group int) (*os.File, error) {
+	mode := os.FileMode(0o600)
+	if group != localdir.NoGroup {
+		mode = 0o660
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.Chmod(0o660); err != nil {
+	if err := f.Chmod(mode); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
@@ -345,10 +351,10 @@ func createSlotFile(path string) (*os.File, error) {
 }
 
 // createKeySlot creates a file of size bytes at path, writable by the
-// socket's group, and maps it read-only for hashing. Its pages are
-// populated once here, not faulted in by every key.
-func createKeySlot(path string, size int64) (slotMapping, error) {
-	f, err := createSlotFile(path)
+// client (createSlotFile), and maps it read-only for hashing. Its pages
+// are populated once here, not faulted in by every key.
+func createKeySlot(path string, size int64, group int) (slotMapping, error) {
+	f, err := createSlotFile(path, group)
 	if err != nil {
 		return slotMapping{}, err
 	}
