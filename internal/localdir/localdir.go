@@ -40,7 +40,7 @@ var (
 	// ErrOtherGroup is matched by an *Error whose directory a group other
 	// than the configured one (or any group, with none configured) may
 	// write. It matches ErrUnsafe too.
-	ErrOtherGroup = errors.New("localdir: writable by a group that is not the configured one")
+	ErrOtherGroup = errors.New("localdir: a group other than the configured one")
 )
 
 // NoGroup is the group argument for "no group configured": directories

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -265,5 +266,33 @@ func TestWithGroupLetsTheGroupRead(t *testing.T) {
 	}
 	if _, err := Open(testDir(t), WithGroup("no-such-group-of-embcache")); err == nil {
 		t.Fatal("an unknown group opened")
+	}
+}
+
+// TestOneStoreDirectoryHasOneGroup: a process without the group (or with
+// another) on a store directory another process gave a group is refused
+// (ErrOtherGroup, not ErrUnsafeDir), and the directory is left as it is:
+// it would have taken the group's processes' access away.
+func TestOneStoreDirectoryHasOneGroup(t *testing.T) {
+	group := strconv.Itoa(os.Getegid())
+	dir := filepath.Join(testDir(t), "embcache")
+	if _, err := Open(dir, WithGroup(group)); err != nil {
+		t.Fatal(err)
+	}
+	opts := [][]Option{nil}
+	if os.Geteuid() == 0 {
+		opts = append(opts, []Option{WithGroup("65534")})
+	}
+	for _, o := range opts {
+		_, err := Open(dir, o...)
+		if !errors.Is(err, ErrOtherGroup) || errors.Is(err, ErrUnsafeDir) {
+			t.Fatalf("%d options: %v, want ErrOtherGroup", len(o), err)
+		}
+		if mode, gid := modeOf(t, dir); mode != 0o2750 || int(gid) != os.Getegid() {
+			t.Fatalf("the refused store's directory changed: mode %04o group %d", mode, gid)
+		}
+	}
+	if _, err := Open(dir, WithGroup(group)); err != nil {
+		t.Fatalf("with the same group: %v", err)
 	}
 }

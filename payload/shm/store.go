@@ -37,9 +37,12 @@ var (
 	// the directory is left as it is. Such a user could have read what the
 	// store's clients keep there and changed a value before its commit.
 	ErrUnsafeDir = localdir.ErrUnsafe
-	// ErrOtherGroup is the ErrUnsafeDir of a directory a group other than
-	// the store's may write (any group, without WithGroup); it matches
-	// both.
+	// ErrOtherGroup is returned by Open for a store directory of another
+	// group than the store's (WithGroup; none without it): one that group
+	// may write (it matches ErrUnsafeDir too), or one another process of
+	// the store gave to its group (set-group-ID). Every process of one
+	// store directory needs the same group: the one started last would
+	// otherwise take the group's access away, or give it.
 	ErrOtherGroup = localdir.ErrOtherGroup
 )
 
@@ -135,6 +138,18 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		if err := opt(s); err != nil {
 			return nil, err
 		}
+	}
+	// A safe directory another process of the store gave its group (an
+	// unsafe one is Make's to refuse).
+	var st unix.Stat_t
+	if unix.Lstat(abs, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid() &&
+		st.Mode&(unix.S_IWGRP|unix.S_IWOTH) == 0 && st.Mode&unix.S_ISGID != 0 && int(st.Gid) != s.group {
+		want := "none"
+		if s.group != localdir.NoGroup {
+			want = strconv.Itoa(s.group)
+		}
+		return nil, fmt.Errorf("shm: %w: %s is of group %d (another process's --shm-group), this process's is %s: "+
+			"give every process of the directory the same", ErrOtherGroup, abs, st.Gid, want)
 	}
 	if err := localdir.Make(abs, localdir.DirMode(s.group), s.group); err != nil {
 		return nil, fmt.Errorf("shm: %w", err)
