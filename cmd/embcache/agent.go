@@ -45,7 +45,8 @@ func newAgent() *cobra.Command {
 	}
 	c.nf.register(cmd.Flags())
 	f := cmd.Flags()
-	f.StringVar(&c.socket, "socket", envOr("EMBCACHE_AGENT_SOCKET", ""), "Unix socket to serve on ($EMBCACHE_AGENT_SOCKET)")
+	f.StringVar(&c.socket, "socket", envOr("EMBCACHE_AGENT_SOCKET", ""), "Unix socket to serve on, 0600 (0660 for --shm-group), in a directory of this user's that no other user may write "+
+		"(made 0700, or 0750 for --shm-group, if missing) ($EMBCACHE_AGENT_SOCKET)")
 	f.DurationVar(&c.computeTimeout, "compute-timeout", 5*time.Minute, "how long a client may hold a reservation before it is abandoned")
 	f.DurationVar(&c.waitStore, "wait-store", 10*time.Second, "wait this long for the store before serving")
 	f.Int64Var(&c.localMaxBytes, "local-max-bytes", 0, "local cache budget in bytes (0: the default)")
@@ -92,7 +93,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	l, err := agent.ListenUnix(c.socket)
+	l, err := agent.ListenUnix(c.socket, agent.WithSocketGroup(c.nf.o.ShmGroup))
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/internal/localdir/localdirtest"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
@@ -36,6 +37,7 @@ var binary string
 
 // TestMain builds the command once; the tests run it as a user would.
 func TestMain(m *testing.M) {
+	localdirtest.Main() // a child acting as another user
 	dir, err := os.MkdirTemp("", "embcache-cli-test-")
 	if err != nil {
 		panic(err)
@@ -174,6 +176,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"worker", "--advertise", "not-a-url", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"worker", "--events-max-bytes", "-5", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"worker", "--payload-peers", "no-port", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
+		{"worker", "--shm-group", "no-such-group-of-embcache", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 		{"serve", "--events-max-bytes", "1000", "--store-dir", shm, "--port", "1"},
 		{"agent", "--socket", filepath.Join(shm, "a.sock"), "--compute-timeout", "0s", "--nats", "nats://127.0.0.1:1", "--shm-dir", shm},
 	} {

@@ -43,7 +43,9 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp string) {
 	o := &f.o
 	fs.StringVar(&o.Name, "node", hostname(), "this node's name in leases and locations")
-	fs.StringVar(&o.ShmDir, "shm-dir", shm.DefaultDir, "shared-memory payload directory")
+	fs.StringVar(&o.ShmDir, "shm-dir", shm.DefaultDir, "shared-memory payload directory: this user's own, refused if another user owns it, may write it or it is a link (made 0700, files 0400)")
+	fs.StringVar(&o.ShmGroup, "shm-group", "", "group (name or gid) whose members may read the shm payloads and, on agent, connect to --socket and write slots: "+
+		"the group of the vLLM processes that run as another user (directories 0750 set-group-ID, files 0440; this process must be root or a member)")
 	fs.Int64Var(&o.ShmMaxBytes, "shm-max-bytes", 0, "budget of the shm payload store in bytes (0: the store's default)")
 	fs.StringVar(&o.Payload, "payload", "", "payload transport this node writes with: shm, http or mooncake (default http with --payload-listen, else shm)")
 	fs.StringVar(&o.PayloadListen, "payload-listen", "", "serve payloads over HTTP on this address (for other nodes)")
