@@ -134,10 +134,11 @@ func ensure(path string, mode uint32, group int, exact bool) (created bool, err 
 	for {
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if errors.Is(err, unix.ENOENT) {
-			if err := unix.Mkdir(path, mode&0o777); err != nil && !errors.Is(err, unix.EEXIST) {
+			err := unix.Mkdir(path, mode&0o777)
+			if err != nil && !errors.Is(err, unix.EEXIST) {
 				return false, &os.PathError{Op: "mkdir", Path: path, Err: err}
 			}
-			created = true
+			created = err == nil
 			continue // opened and checked as any other: another may have made it first
 		}
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
@@ -173,20 +174,6 @@ func Made(path string, mode uint32, group int) bool {
 	var st unix.Stat_t
 	return unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid() &&
 		st.Mode&0o7777 == mode && (group == NoGroup || int(st.Gid) == group)
-}
-
-// Check checks the existing directory path as Make and Use do, without
-// changing it: an *Error if it is unsafe, or an error that it cannot be
-// read.
-func Check(path string, group int) error {
-	if err := checkAncestors(path, false); err != nil {
-		return err
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: path, Err: err}
-	}
-	return safe(path, &st, group)
 }
 
 // safe refuses a directory another user may change: not a directory (a

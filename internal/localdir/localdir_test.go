@@ -206,7 +206,6 @@ func TestLinkAndFileAreRefused(t *testing.T) {
 	for _, f := range []func() error{
 		func() error { return localdir.Make(link, localdir.Private, localdir.NoGroup) },
 		func() error { _, err := localdir.Use(link, localdir.Private, localdir.NoGroup); return err },
-		func() error { return localdir.Check(link, localdir.NoGroup) },
 	} {
 		if err := f(); !errors.Is(err, localdir.ErrUnsafe) {
 			t.Fatalf("a link: %v, want ErrUnsafe", err)
