@@ -20,8 +20,8 @@ import (
 )
 
 // holdFileLock starts a process (flock(1)) holding an exclusive flock on
-// path, as any local process that can open the file can (0444 in a 0755
-// directory), or a process of the node stopped inside an shm Delete or Put
+// path, as any local process that can open the file can (the store's
+// user's, a member of its --shm-group), or a process of the node stopped inside an shm Delete or Put
 // of the key. It is ended, by its id, by the returned func (and at the
 // test's end).
 func holdFileLock(t *testing.T, path string) (release func()) {

@@ -221,8 +221,12 @@ func (ps *proofs) read(obj payload.ObjectID) (proof, error) {
 // write puts p in place as obj's node proof, whole (a temp file renamed).
 func (ps *proofs) write(obj payload.ObjectID, p proof) {
 	final := ps.path(obj)
-	d := filepath.Dir(final)
-	if !localdir.Made(d, localdir.Private, localdir.NoGroup) && localdir.Make(d, localdir.Private, localdir.NoGroup) != nil || !ps.realDir(obj.Tenant) {
+	if d := filepath.Dir(final); !localdir.Made(d, localdir.Private, localdir.NoGroup) {
+		if localdir.Make(d, localdir.Private, localdir.NoGroup) != nil {
+			return
+		}
+	}
+	if !ps.realDir(obj.Tenant) {
 		return
 	}
 	tmp, err := os.CreateTemp(filepath.Join(ps.dir, tmpDir), "proof-*")
