@@ -77,8 +77,8 @@ bench-go:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./cachekey/ ./localcache/ ./payload/... ./coordinator/ ./events/ ./agent/
 
 ## debs: Debian packages the bench and tests use (redis-server, python3-numpy, python3-torch for the
-## Python client's tensor views and the example hook's test, python3-msgpack for the event vectors' Python reader, mypy to type-check the client).
-DEBS := redis-server python3-numpy python3-torch python3-msgpack mypy
+## Python client's tensor views and the vLLM connector's tests, python3-yaml for the vLLM-Omni deploy example's, python3-msgpack for the event vectors' Python reader, mypy to type-check the client).
+DEBS := redis-server python3-numpy python3-torch python3-msgpack python3-yaml mypy
 debs:
 	scripts/install-debs.sh $(DEBS)
 

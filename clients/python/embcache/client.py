@@ -615,8 +615,8 @@ class EmbeddingCache:
         """Writes the value's bytes into a slot file; returns the slot's
         name for the commit, and the file's path if this process made it
         (a failed commit removes it). The file the lookup's answer named is made
-        here (0640: the slot directory's group reads it, and no other
-        process can write it; no call); an agent that named none, or a slot
+        here (0640: with the agent's --shm-group, that group reads it; no
+        other process can write it; no call); an agent that named none, or a slot
         directory this process may not write to, gets one by POST
         /v1/slot. A failed write removes the file: nothing is left in
         shared memory."""

@@ -147,8 +147,10 @@ class EmbeddingCacheKey:
 
 @dataclass(frozen=True)
 class StageCacheConfig:
-    """The ``embedding_cache`` block of a stage config
-    (examples/stage_config.yaml). Off unless enable_embedding_cache."""
+    """A process's settings for the client and its agent, as an
+    ``embedding_cache`` block of its own config (vLLM and vLLM-Omni use
+    embcache.vllm instead, configured by ``ec_transfer_config``: docs/vllm.md).
+    Off unless enable_embedding_cache."""
 
     enable_embedding_cache: bool = False
     store_unavailable_mode: str = "degrade"  # degrade | strict

@@ -59,8 +59,13 @@ def reference(identifier: str):
     return t
 
 
-def vllm_config(sock: str, rank: int = 0, **extra):
-    ec_extra = dict(agent_socket=sock, tenant="acme", processors=PROCESSORS, abandon_grace_s=0.5, **extra)
+def vllm_config(sock, rank: int = 0, extra=None):
+    """An engine's config as the connector reads it: ec_connector_extra_config
+    is extra (by default this test's), with sock as its agent_socket unless
+    sock is None ($EMBCACHE_AGENT_SOCKET then)."""
+    ec_extra = dict(extra) if extra is not None else dict(tenant="acme", processors=PROCESSORS, abandon_grace_s=0.5)
+    if sock is not None:
+        ec_extra["agent_socket"] = sock
     return SimpleNamespace(
         model_config=SimpleNamespace(model="Qwen/Qwen2.5-VL-7B-Instruct", revision="r1", dtype="bfloat16",
                                      hf_config={"model_type": "qwen2_5_vl", "vision_config": {"depth": 32}},
@@ -97,7 +102,7 @@ class Timed:
         return timed
 
 
-def run_engine(name: str, sock: str, requests, out) -> None:
+def run_engine(name: str, sock, requests, out, extra=None) -> None:
     """One engine: its scheduler and TP worker connectors, stepped until
     every request has run one step. Puts its report on out: among it, the
     longest time a step spent in the connector's calls (the rest is the
@@ -105,8 +110,8 @@ def run_engine(name: str, sock: str, requests, out) -> None:
     from embcache.vllm import EmbcacheECConnector
     from embcache.vllm._base import ECConnectorRole
 
-    sched = Timed(EmbcacheECConnector(vllm_config(sock), ECConnectorRole.SCHEDULER))
-    workers = [Timed(EmbcacheECConnector(vllm_config(sock, rank), ECConnectorRole.WORKER)) for rank in range(TP)]
+    sched = Timed(EmbcacheECConnector(vllm_config(sock, 0, extra), ECConnectorRole.SCHEDULER))
+    workers = [Timed(EmbcacheECConnector(vllm_config(sock, rank, extra), ECConnectorRole.WORKER)) for rank in range(TP)]
     caches = [dict() for _ in range(TP)]  # each rank's encoder_cache: identifier -> tensor
     forwards = collections.Counter()  # items run through the encoder (by rank 0's count)
     wrong, longest_step, deferred = [], 0.0, 0
