@@ -68,15 +68,31 @@ func (b *Bucket) PutTombstone(ctx context.Context, tenant, model string, epoch u
 	return nil
 }
 
+// tombstoneExpiryMargin: a tombstone read this close to its expiry (this
+// process's clock against the server's stamp, and the server's expiry
+// late by up to a second or two) may be rolled up by its expiry marker
+// after a write on it is acknowledged, since the marker is an
+// unconditional write (docs/jetstream-notes.md (a)). A tombstone write
+// waits for the marker instead, and writes on its revision.
+const tombstoneExpiryMargin = 10 * time.Second
+
 // putTombstoneIn writes r into shard as its tombstone at key, on the
 // revision it read, with the later Started of the two; a write that
-// another one beat is tried again on what that one left.
+// another one beat is tried again on what that one left. A tombstone
+// that may be expiring is waited out (tombstoneExpiryMargin).
 func (b *Bucket) putTombstoneIn(ctx context.Context, shard int, key string, r Record, ttl time.Duration) error {
 	delay := time.Millisecond
 	for {
 		cur, err := b.readIn(ctx, shard, key)
 		if err != nil && !errors.Is(err, ErrBadRecord) {
 			return err
+		}
+		if cur.Live && cur.TTL > 0 && !time.Now().Before(cur.Stamp.Add(cur.TTL-tombstoneExpiryMargin)) {
+			err = fmt.Errorf("the tombstone at revision %d expires at %v: waiting for its marker", cur.Rev, cur.Stamp.Add(cur.TTL))
+			if err := pause(ctx, &delay, err); err != nil {
+				return err
+			}
+			continue
 		}
 		tomb := r
 		if cur.Live && cur.Record.State == StateInvalidated && cur.Record.Started.After(tomb.Started) {
@@ -88,14 +104,23 @@ func (b *Bucket) putTombstoneIn(ctx context.Context, shard int, key string, r Re
 		}
 		// Another write landed since the read (or the read lagged: a direct
 		// get): read again, after a pause that grows.
-		delay = min(2*delay, 100*time.Millisecond)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (its last write was refused: %v)", context.Cause(ctx), err)
-		case <-t.C:
+		if err := pause(ctx, &delay, err); err != nil {
+			return err
 		}
+	}
+}
+
+// pause waits *delay, doubled first (at most 100 ms), or until ctx ends:
+// then an error wrapping its cause and why, the reason it waited.
+func pause(ctx context.Context, delay *time.Duration, why error) error {
+	*delay = min(2**delay, 100*time.Millisecond)
+	t := time.NewTimer(*delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%v)", context.Cause(ctx), why)
+	case <-t.C:
+		return nil
 	}
 }
 
