@@ -68,21 +68,50 @@ func ListenUnix(path string, opts ...ListenOption) (net.Listener, error) {
 		}
 		os.Remove(path)
 	}
-	l, err := net.Listen("unix", path)
+	// The socket is made in a directory of its own (0700) and given its
+	// mode there, then renamed into place: made at path, it would have the
+	// process's umask's mode until the chmod, and another user could
+	// connect in between (with a umask of 0, in a directory they can
+	// search, such as /run).
+	private, err := os.MkdirTemp(filepath.Dir(path), ".agent-socket-")
 	if err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(private)
+	made := filepath.Join(private, "s")
+	l, err := net.Listen("unix", made)
+	if err != nil {
+		return nil, err
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	mode := os.FileMode(0o600)
 	if c.group != localdir.NoGroup {
 		mode = 0o660
-		if err := os.Lchown(path, -1, c.group); err != nil {
+		if err := os.Lchown(made, -1, c.group); err != nil {
 			l.Close()
 			return nil, err
 		}
 	}
-	if err := os.Chmod(path, mode); err != nil {
+	if err := os.Chmod(made, mode); err != nil {
 		l.Close()
 		return nil, err
 	}
-	return l, nil
+	if err := os.Rename(made, path); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return &socketListener{Listener: l, path: path}, nil
+}
+
+// socketListener removes its socket file when closed, as a listener Listen
+// made at its path would.
+type socketListener struct {
+	net.Listener
+	path string
+}
+
+func (l *socketListener) Close() error {
+	err := l.Listener.Close()
+	os.Remove(l.path)
+	return err
 }

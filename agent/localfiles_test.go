@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -266,5 +267,39 @@ func TestTheGroupGetsIn(t *testing.T) {
 	if l, err := agent.ListenUnix(filepath.Join(closed, "agent.sock"), agent.WithSocketGroup("65534")); err == nil {
 		l.Close()
 		t.Fatal("a socket in a directory its group cannot search")
+	}
+}
+
+// The socket is made in a private directory and renamed into place (so
+// it never lies at its path with the umask's mode): that directory is
+// gone once ListenUnix returns, the socket answers at its path with its
+// mode, and closing the listener removes it.
+func TestTheSocketIsMadeAsideAndMovedIntoPlace(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.sock")
+	l, err := agent.ListenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 || entries[0].Name() != "agent.sock" {
+		t.Fatalf("the socket's directory holds %v (%v), want the socket alone", entries, err)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %v %v, want a socket 0600", fi, err)
+	}
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c.Close()
+	l.Close()
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after Close: %v, want the socket gone", err)
 	}
 }
