@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: build-bench check-tracked bench-go debs test-debs test-python bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -99,6 +99,10 @@ test-python: build
 ## bench-agent-key: key construction from Python through a real agent (200 KiB, 2 MiB, 8 MiB), the Go floor beside it.
 bench-agent-key: build
 	PYTHON=$(PYTHON) scripts/bench-agent-key.sh
+
+## bench-vllm: the vLLM connector's cost per item (the scheduler's check, a worker's load of 8 MiB bf16) vs a file read and a stand-in encoder.
+bench-vllm: build
+	PYTHON=$(PYTHON) BENCH_SCRIPT=clients/python/bench_vllm.py scripts/bench-agent-hit.sh
 
 ## bench-agent-hit: a Python hit of an 8 MiB tensor through a real agent vs reading it from a file.
 bench-agent-hit: build

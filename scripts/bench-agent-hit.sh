@@ -1,7 +1,8 @@
 #!/bin/sh
 # bench-agent-hit.sh: a Python hit of an 8 MiB tensor through a real agent
 # (embedded NATS + `embcache agent`), against reading the bytes from a file.
-# Usage: scripts/bench-agent-hit.sh [bench_hit.py flags]
+# Usage: scripts/bench-agent-hit.sh [bench_hit.py flags]; BENCH_SCRIPT runs
+# another script against the same agent (make bench-vllm: bench_vllm.py).
 set -eu
 cd "$(dirname "$0")/.."
 BIN=${EMBCACHE_BIN:-bin/embcache}
