@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -49,11 +49,28 @@ test-go:
 	$(GO) test -race -count=1 $(PKGS)
 	cd $(BENCH_MOD) && $(GO) test -race -count=1 ./...
 
-# The Mooncake transport is cgo behind a build tag; its tests build a fake
-# libmooncake_store with gcc (on every machine of this project's kind).
-# cmd/embcache's other tests run in test-go: here only its tagged ones.
-test-mooncake:
-	$(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
+# The Mooncake transport is cgo behind a build tag. Its tests run against a
+# real Mooncake Store (a mooncake_master and a segment holder they start on
+# free loopback ports): MOONCAKE_DIR, a Mooncake install of yours (lib/
+# libmooncake_store.so, bin/mooncake_master), or the bundle in ../shared/
+# mooncake, unpacked into build/ with its runtime Debian packages. A fake C
+# store, built with gcc, injects the error codes a real one cannot be made
+# to return. cmd/embcache's other tests run in test-go: here only its
+# tagged ones.
+MOONCAKE_BUNDLE ?= ../shared/mooncake/mooncake-3b5a594-tcp-debian12-amd64.tar.gz
+MOONCAKE_DEBS := libibverbs1 libgoogle-glog0v6 libgflags2.2 libjsoncpp25 libyaml-cpp0.7 liburing2 libxxhash0 libnuma1 libcurl4 libzstd1 libunwind8
+MOONCAKE_DIR ?= $(if $(wildcard $(MOONCAKE_BUNDLE)),$(abspath build/mooncake),)
+
+## mooncake: unpack ../shared/mooncake's Mooncake Store into build/mooncake and install its runtime packages.
+mooncake: build/mooncake/lib/libmooncake_store.so
+build/mooncake/lib/libmooncake_store.so: $(MOONCAKE_BUNDLE)
+	scripts/install-debs.sh $(MOONCAKE_DEBS)
+	mkdir -p build
+	tar -xzf $(MOONCAKE_BUNDLE) -C build
+	touch $@
+
+test-mooncake: $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
+	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
 	$(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);

@@ -178,8 +178,7 @@ func objectName(obj payload.ObjectID) string { return "embcache/" + obj.String()
 // Put stores v's encoding under obj. An object present with the same bytes
 // is left as it is; one with other bytes (the key's value from before an
 // invalidation) is removed first, since Mooncake keeps the first put of a
-// name (a remove refused because a reader holds the object is a
-// *CodeError). Either way the Location is returned only after is_exist
+// name. Either way the Location is returned only after is_exist
 // reports the object.
 func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
 	if err := obj.Validate(); err != nil {
@@ -291,9 +290,8 @@ func (s *Store) Generation(context.Context, payload.Location) (payload.Generatio
 	return payload.Generation{}, nil
 }
 
-// Delete removes the object if it still holds loc's bytes (not forced: an
-// object a reader holds a lease on is ErrBusy); a value put in its place
-// since stays. An absent object is not an error. seen is ignored: a Put
+// Delete removes the object if it still holds loc's bytes; a value put in
+// its place since stays. An absent object is not an error. seen is ignored: a Put
 // of the same bytes between the caller's look at the key's record and
 // this delete is not told apart from the object it saw, and is removed
 // (docs/protocol.md 2.2).
@@ -309,7 +307,13 @@ func (s *Store) Delete(ctx context.Context, loc payload.Location, _ payload.Gene
 	return s.remove(loc)
 }
 
-// remove removes loc's object, whatever it holds.
+// remove removes loc's object, whatever it holds. It is forced: Mooncake
+// leases an object to each reader (its get, and the check of its bytes
+// that Delete and Put make first) and refuses an unforced remove for the
+// lease's length (about 10 s, -706), so an unforced remove after that
+// check never succeeded against a real store. A reader whose object is
+// removed under it gets an error or bytes that fail its checksum, never a
+// value: every reader verifies what it got (docs/protocol.md 2.4).
 func (s *Store) remove(loc payload.Location) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
@@ -321,7 +325,7 @@ func (s *Store) remove(loc payload.Location) error {
 		return err
 	}
 	defer s.done()
-	if rc := C.mc_remove(s.api, s.store, key, 0); rc != 0 && rc != codeObjectNotFound {
+	if rc := C.mc_remove(s.api, s.store, key, 1); rc != 0 && rc != codeObjectNotFound {
 		return &CodeError{Op: "remove", Code: int64(rc)}
 	}
 	return nil

@@ -207,37 +207,6 @@ func TestLibraryErrors(t *testing.T) {
 	}
 }
 
-// TestRealMooncake runs against a real mooncake_master over TCP. It is
-// skipped unless MOONCAKE_MASTER (host:port) is set and libmooncake_store.so
-// is on the loader path (or MOONCAKE_LIBRARY names it); see docs/operations.md.
-func TestRealMooncake(t *testing.T) {
-	master := os.Getenv("MOONCAKE_MASTER")
-	if master == "" {
-		t.Skip("MOONCAKE_MASTER not set: no Mooncake cluster to test against")
-	}
-	s, err := Open(Config{Library: os.Getenv("MOONCAKE_LIBRARY"), Node: "test", LocalHostname: "127.0.0.1",
-		MetadataServer: "P2PHANDSHAKE", Protocol: "tcp", MasterServerAddr: master,
-		GlobalSegmentSize: 256 << 20, LocalBufferSize: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx := context.Background()
-	v := value(8 << 20)
-	loc, err := s.Put(ctx, obj, v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.Get(ctx, loc)
-	if err != nil || !bytes.Equal(got.Tensor.Data, v.Tensor.Data) {
-		t.Fatalf("get: %v", err)
-	}
-	got.Close()
-	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestPutReplacesOtherBytes: Mooncake keeps the first put of a name; a Put
 // of other bytes (the key's value after an invalidation) removes the old
 // object first, and a Delete of the old Location leaves the new one.
