@@ -30,32 +30,6 @@ const nobody = localdirtest.Nobody
 // otherGroup is a group neither the agent nor nobody is in.
 const otherGroup = 4243
 
-func modeOf(t *testing.T, path string) (mode, gid uint32) {
-	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Mode & 0o7777, st.Gid
-}
-
-// squat makes dir as another user (nobody) would, before the agent.
-func squat(t *testing.T, dir string, mode uint32) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to give a directory to another user")
-	}
-	if err := os.Mkdir(dir, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Chmod(dir, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestUnsafeSlotDirectoryIsRefused: a slot directory another user made
 // first (as the squatter would: open to all, or set-group-ID 0730 as
 // the agent made it), a link, or one every user may write, is refused by
@@ -66,8 +40,8 @@ func TestUnsafeSlotDirectoryIsRefused(t *testing.T) {
 		name string
 		make func(dir string)
 	}{
-		{"another user's, 0777", func(dir string) { squat(t, dir, 0o777) }},
-		{"another user's, 3730", func(dir string) { squat(t, dir, 0o3730) }},
+		{"another user's, 0777", func(dir string) { localdirtest.Squat(t, dir, 0o777) }},
+		{"another user's, 3730", func(dir string) { localdirtest.Squat(t, dir, 0o3730) }},
 		{"a link", func(dir string) {
 			if err := os.Symlink(t.TempDir(), dir); err != nil {
 				t.Fatal(err)
@@ -109,7 +83,7 @@ func TestUnsafeSocketDirectoryIsRefused(t *testing.T) {
 		name string
 		make func(dir string)
 	}{
-		{"another user's", func(dir string) { squat(t, dir, 0o755) }},
+		{"another user's", func(dir string) { localdirtest.Squat(t, dir, 0o755) }},
 		{"a link", func(dir string) {
 			if err := os.Symlink(t.TempDir(), dir); err != nil {
 				t.Fatal(err)
@@ -198,7 +172,7 @@ func TestOnlyTheAgentsUserGetsIn(t *testing.T) {
 	listen(t, n, socket)
 	hit, keySlot := hitAndKeySlot(t, n, socket)
 	for path, want := range map[string]uint32{socket: 0o600, filepath.Dir(socket): 0o700, n.slots: 0o700, keySlot: 0o600, hit: 0o400} {
-		if mode, _ := modeOf(t, path); mode != want {
+		if mode, _ := localdirtest.ModeOf(t, path); mode != want {
 			t.Errorf("%s: mode %04o, want %04o", path, mode, want)
 		}
 	}
@@ -233,7 +207,7 @@ func TestTheGroupGetsIn(t *testing.T) {
 	hit, keySlot := hitAndKeySlot(t, n, socket)
 	for path, want := range map[string]uint32{socket: 0o660, filepath.Dir(socket): 0o2750,
 		n.slots: 0o3730, keySlot: 0o660, hit: 0o440} {
-		if mode, gid := modeOf(t, path); mode != want || gid != nobody {
+		if mode, gid := localdirtest.ModeOf(t, path); mode != want || gid != nobody {
 			t.Errorf("%s: mode %04o group %d, want %04o group %d", path, mode, gid, want, nobody)
 		}
 	}

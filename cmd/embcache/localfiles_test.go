@@ -14,32 +14,15 @@ import (
 
 const nobody = localdirtest.Nobody
 
-// squat makes dir as another user (nobody) would, before embcache.
-func squat(t *testing.T, dir string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to give a directory to another user")
-	}
-	if err := os.Mkdir(dir, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestCommandsRefuseAnotherUsersDirectories: serve, worker and agent exit
 // 1 naming the directory another user made first under the name they use
 // (--shm-dir, its .slots, --socket's directory), and write nothing there.
 func TestCommandsRefuseAnotherUsersDirectories(t *testing.T) {
 	base := t.TempDir()
 	shm, slots, run2 := filepath.Join(base, "shm"), filepath.Join(base, "shm2.slots"), filepath.Join(base, "run")
-	squat(t, shm)
-	squat(t, slots)
-	squat(t, run2)
+	localdirtest.Squat(t, shm, 0o777)
+	localdirtest.Squat(t, slots, 0o777)
+	localdirtest.Squat(t, run2, 0o777)
 	for _, c := range []struct {
 		dir  string
 		args []string

@@ -22,39 +22,13 @@ import (
 
 const nobody = localdirtest.Nobody
 
-func modeOf(t *testing.T, path string) (mode, gid uint32) {
-	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Mode & 0o7777, st.Gid
-}
-
-// squat makes dir as another user (nobody) would, before the store.
-func squat(t *testing.T, dir string, mode uint32) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to give a directory to another user")
-	}
-	if err := os.Mkdir(dir, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, nobody, nobody); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Chmod(dir, mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestAnotherUsersStoreDirectoryIsRefused: another user made the store's
 // directory first (a fixed default name under /dev/shm). Open refuses it,
 // names it, and writes nothing into it.
 func TestAnotherUsersStoreDirectoryIsRefused(t *testing.T) {
 	for _, mode := range []uint32{0o755, 0o777} {
 		dir := filepath.Join(testDir(t), "embcache")
-		squat(t, dir, mode)
+		localdirtest.Squat(t, dir, mode)
 		s, err := Open(dir)
 		if !errors.Is(err, ErrUnsafeDir) || !strings.Contains(err.Error(), dir) {
 			t.Fatalf("a store directory of uid %d, mode %04o: %v, want ErrUnsafeDir naming it", nobody, mode, err)
@@ -96,7 +70,7 @@ func TestWritableStoreDirectoryIsRefused(t *testing.T) {
 		if !errors.Is(err, ErrUnsafeDir) || errors.Is(err, ErrOtherGroup) != c.group {
 			t.Fatalf("mode %04o: %v, want ErrUnsafeDir (ErrOtherGroup: %v)", c.mode, err, c.group)
 		}
-		if mode, _ := modeOf(t, dir); mode != c.mode {
+		if mode, _ := localdirtest.ModeOf(t, dir); mode != c.mode {
 			t.Fatalf("the refused directory's mode changed to %04o", mode)
 		}
 	}
@@ -129,7 +103,7 @@ func TestLinkedStoreDirectoryIsRefused(t *testing.T) {
 // read it and replace it.
 func TestAnotherUsersTenantDirectoryIsRefused(t *testing.T) {
 	dir := testDir(t)
-	squat(t, filepath.Join(dir, obj(1).Tenant), 0o777)
+	localdirtest.Squat(t, filepath.Join(dir, obj(1).Tenant), 0o777)
 	if _, err := Open(dir); !errors.Is(err, ErrUnsafeDir) {
 		t.Fatalf("a tenant directory of uid %d: Open: %v, want ErrUnsafeDir", nobody, err)
 	}
@@ -138,7 +112,7 @@ func TestAnotherUsersTenantDirectoryIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	squat(t, filepath.Join(dir, obj(1).Tenant), 0o755)
+	localdirtest.Squat(t, filepath.Join(dir, obj(1).Tenant), 0o755)
 	if _, err := s.Put(context.Background(), obj(1), testValue(100)); !errors.Is(err, ErrUnsafeDir) {
 		t.Fatalf("a tenant directory of uid %d: Put: %v, want ErrUnsafeDir", nobody, err)
 	}
@@ -164,7 +138,7 @@ func TestValuesAreTheOwnersOnly(t *testing.T) {
 	file := s.Path(obj(1))
 	for path, want := range map[string]uint32{dir: 0o700, filepath.Dir(file): 0o700, file: 0o400,
 		filepath.Join(dir, tmpDir): 0o700, filepath.Join(dir, proofDir): 0o700, filepath.Dir(s.proofs.path(obj(1))): 0o700} {
-		if mode, _ := modeOf(t, path); mode != want {
+		if mode, _ := localdirtest.ModeOf(t, path); mode != want {
 			t.Errorf("%s: mode %04o, want %04o", path, mode, want)
 		}
 	}
@@ -199,7 +173,7 @@ func TestAnEarlierStoresModesAreTightened(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range []string{dir, filepath.Dir(file)} {
-		if mode, _ := modeOf(t, d); mode != 0o700 {
+		if mode, _ := localdirtest.ModeOf(t, d); mode != 0o700 {
 			t.Fatalf("%s: mode %04o after Open, want 0700", d, mode)
 		}
 	}
@@ -237,12 +211,12 @@ func TestWithGroupLetsTheGroupRead(t *testing.T) {
 		}
 		file := s.Path(obj(1))
 		for path, want := range map[string]uint32{dir: 0o2750, filepath.Dir(file): 0o2750, file: 0o440} {
-			if mode, gid := modeOf(t, path); mode != want || gid != nobody {
+			if mode, gid := localdirtest.ModeOf(t, path); mode != want || gid != nobody {
 				t.Errorf("%s: mode %04o group %d, want %04o group %d", path, mode, gid, want, nobody)
 			}
 		}
 		for _, d := range []string{filepath.Join(dir, tmpDir), filepath.Join(dir, proofDir)} {
-			if mode, _ := modeOf(t, d); mode != 0o700 {
+			if mode, _ := localdirtest.ModeOf(t, d); mode != 0o700 {
 				t.Errorf("%s: mode %04o, want 0700", d, mode)
 			}
 		}
@@ -288,7 +262,7 @@ func TestOneStoreDirectoryHasOneGroup(t *testing.T) {
 		if !errors.Is(err, ErrOtherGroup) || errors.Is(err, ErrUnsafeDir) {
 			t.Fatalf("%d options: %v, want ErrOtherGroup", len(o), err)
 		}
-		if mode, gid := modeOf(t, dir); mode != 0o2750 || int(gid) != os.Getegid() {
+		if mode, gid := localdirtest.ModeOf(t, dir); mode != 0o2750 || int(gid) != os.Getegid() {
 			t.Fatalf("the refused store's directory changed: mode %04o group %d", mode, gid)
 		}
 	}

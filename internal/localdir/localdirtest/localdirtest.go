@@ -168,3 +168,33 @@ func As(t testing.TB, uid, gid int, op, path string) error {
 	t.Fatalf("%s %s as uid %d: %s", op, path, uid, out)
 	return nil
 }
+
+// Squat makes dir as another user (Nobody) would before embcache, with
+// mode (a set-group-ID or sticky bit included). It skips a test that does
+// not run as root, which alone can give a directory to another user.
+func Squat(t testing.TB, dir string, mode uint32) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to give a directory to another user")
+	}
+	if err := os.Mkdir(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, Nobody, Nobody); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ModeOf is path's permission bits (set-ID and sticky bits included) and
+// group, not following a link.
+func ModeOf(t testing.TB, path string) (mode, gid uint32) {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Mode & 0o7777, st.Gid
+}
