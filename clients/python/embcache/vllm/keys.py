@@ -52,26 +52,14 @@ def image_size_of(processor: Mapping[str, Any]) -> Tuple[Tuple[int, int], str]:
     "dynamic". The processor's whole config is hashed into the key too
     (processor_version): these fields summarise it, they do not replace it."""
     size = processor.get("size")
-    if isinstance(size, Mapping):
-        pair = _positive_pair(size.get("width"), size.get("height"))
+    sized = size if isinstance(size, Mapping) else {"width": size, "height": size}
+    for source, a, b, how in ((sized, "width", "height", "fixed"), (sized, "longest_edge", "shortest_edge", "edges"),
+                              (sized, "max_pixels", "min_pixels", "pixels"),
+                              (sized, "shortest_edge", "shortest_edge", "shortest-edge"),
+                              (processor, "max_pixels", "min_pixels", "pixels")):
+        pair = _positive_pair(source.get(a), source.get(b))
         if pair:
-            return pair, "fixed"
-        pair = _positive_pair(size.get("longest_edge"), size.get("shortest_edge"))
-        if pair:
-            return pair, "edges"
-        pair = _positive_pair(size.get("max_pixels"), size.get("min_pixels"))
-        if pair:
-            return pair, "pixels"
-        pair = _positive_pair(size.get("shortest_edge"), size.get("shortest_edge"))
-        if pair:
-            return pair, "shortest-edge"
-    else:
-        pair = _positive_pair(size, size)
-        if pair:
-            return pair, "fixed"
-    pair = _positive_pair(processor.get("max_pixels"), processor.get("min_pixels"))
-    if pair:
-        return pair, "pixels"
+            return pair, how
     return (1, 1), "dynamic"
 
 
