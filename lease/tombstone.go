@@ -125,9 +125,10 @@ func pause(ctx context.Context, delay *time.Duration, why error) error {
 }
 
 // Tomb is a tombstone as read: its revision in its shard (0: there is
-// none) and when its invalidation was made, its record's Started, which
-// is the invalidated event's Time (Invalidate writes both from one
-// reading of its clock).
+// none) and when its invalidation was made, its record's Started: the
+// invalidated event's Time (Invalidate writes both from one reading of
+// its clock), or a later invalidation's of the same labels whose write
+// landed first (PutTombstone keeps the later).
 type Tomb struct {
 	Rev uint64
 	At  time.Time
