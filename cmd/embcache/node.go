@@ -30,7 +30,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 	o := &f.o
 	f.conn.register(fs)
 	f.registerServing(fs, "replicas of the bucket and stream when this process creates them", "lease TTL")
-	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>, this host's name for a listener on every address such as :7070; without --payload-listen, this node's serve --payload-listen URL)")
+	fs.StringVar(&o.Advertise, "advertise", "", "base URL other nodes pull payloads from (default http://<payload-listen>, this host's name for a listener on every address such as :7070). Without --payload-listen there is no default: set it to this node's serve pull server (e.g. http://HOST:7400) for other nodes to pull this node's values; unset, they are shm files only this node reads")
 	fs.StringSliceVar(&o.PayloadPeers, "payload-peers", splitList(envOr("EMBCACHE_PAYLOAD_PEERS", "")),
 		"the pull servers this node trusts (host:port or http(s)://host:port, comma-separated): it pulls only from them and sends --payload-token only to them "+
 			"(default: with a token, its own --advertise only; without one, any server) ($EMBCACHE_PAYLOAD_PEERS)")

@@ -10,13 +10,14 @@ imports without vLLM (its base class is then a stand-in with vLLM's
 behaviour, which the tests drive as vLLM does).
 """
 
-from ._base import HAVE_VLLM
+from ._base import HAVE_VLLM, ECConnectorRole
 from .connector import EmbcacheConnectorMetadata, EmbcacheECConnector, LoadSpec, SaveSpec, pin_name
 from .keys import preprocessing_config
 from .publisher import BoundedPublisher
 
 __all__ = [
     "HAVE_VLLM",
+    "ECConnectorRole",
     "BoundedPublisher",
     "EmbcacheConnectorMetadata",
     "EmbcacheECConnector",
