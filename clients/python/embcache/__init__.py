@@ -20,7 +20,6 @@ __version__ = "0.2.0"
 
 from .aio import AsyncEmbeddingCache
 from .client import EmbeddingCache, Reservation
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
 from .errors import (
     AgentTimeout,
     AgentUnavailable,
@@ -35,6 +34,8 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
 )
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
+from .stage import StageCacheConfig
 from .values import Embedding, HiddenPrefix, Tensor, Tokens
 
 __all__ = [

@@ -10,7 +10,7 @@ import threading
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, TypeVar, Union, cast
 
 from .client import EmbeddingCache, Reservation
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
 from .errors import EmbcacheError
 from .values import Embedding
 

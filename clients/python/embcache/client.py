@@ -14,12 +14,13 @@ import time
 import urllib.parse
 import uuid
 import weakref
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
 from .connection import Connection, Pool, ProtocolError
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
                      ReservationEnded, StoreFull, api_error, with_value)
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig, KeySource
+from .stage import StageCacheConfig
 from .values import Embedding, Mappings, Tensor, _token_list, parts_of, tensor_parts
 
 log = logging.getLogger("embcache")
@@ -774,3 +775,6 @@ class EmbeddingCache:
                          "client_id": self.client_id}
         return out
 
+
+if TYPE_CHECKING:  # pragma: no cover - mypy checks that the client makes keys for EmbeddingCacheKey's constructors
+    _: Type[KeySource] = EmbeddingCache

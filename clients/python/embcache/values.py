@@ -11,7 +11,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from .config import EmbeddingCacheKey
+from .key import EmbeddingCacheKey
 from .errors import EmbcacheError, InvalidValue
 
 if TYPE_CHECKING:  # pragma: no cover

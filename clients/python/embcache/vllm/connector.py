@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import EmbeddingCache, Reservation
-from ..config import EmbeddingCacheKey, EncoderPreprocessingConfig
+from ..key import EmbeddingCacheKey, EncoderPreprocessingConfig
 from ..errors import EmbcacheError
 from ..values import Embedding
 from ._base import ECConnectorBase, ECConnectorMetadata, ECConnectorRole
