@@ -20,6 +20,7 @@ __version__ = "0.2.0"
 
 from .aio import AsyncEmbeddingCache
 from .client import EmbeddingCache, Reservation
+from .embedding import Embedding
 from .errors import (
     AgentTimeout,
     AgentUnavailable,
@@ -36,7 +37,7 @@ from .errors import (
 )
 from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
 from .stage import StageCacheConfig
-from .values import Embedding, HiddenPrefix, Tensor, Tokens
+from .values import HiddenPrefix, Tensor, Tokens
 
 __all__ = [
     "AgentTimeout",

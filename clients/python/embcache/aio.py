@@ -10,9 +10,9 @@ import threading
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, TypeVar, Union, cast
 
 from .client import EmbeddingCache, Reservation
-from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
+from .embedding import Embedding
 from .errors import EmbcacheError
-from .values import Embedding
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
 
 T = TypeVar("T")
 

@@ -17,11 +17,12 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from .connection import Connection, Pool, ProtocolError
+from .embedding import Embedding, Mappings
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
                      ReservationEnded, StoreFull, api_error, with_value)
 from .key import EmbeddingCacheKey, EncoderPreprocessingConfig, KeySource
 from .stage import StageCacheConfig
-from .values import Embedding, Mappings, Tensor, _token_list, parts_of, tensor_parts
+from .values import parts_of, tensor_parts, token_list
 
 log = logging.getLogger("embcache")
 
@@ -536,7 +537,7 @@ class EmbeddingCache:
         """The key of a token sequence; prefix_keys holds each whole block prefix's."""
         if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 0:
             raise InvalidValue(f"block_size is a non-negative integer (0: the default), not {block_size!r}")
-        body = {"config": config.to_wire(), "mode": "tokens", "tokens": _token_list(tokens), "block_size": int(block_size)}
+        body = {"config": config.to_wire(), "mode": "tokens", "tokens": token_list(tokens), "block_size": int(block_size)}
         return self._key(lambda: self._call("POST", "/v1/key", body, retry=True))
 
     # -- the cache ---------------------------------------------------------

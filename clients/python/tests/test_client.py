@@ -157,7 +157,7 @@ class ClientTest(harness.ClusterCase):
 
 class MappingsTest(unittest.TestCase):
     def test_reuse_remap_and_bound(self):
-        from embcache.values import Mappings as _Mappings
+        from embcache.embedding import Mappings as _Mappings
 
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d)
@@ -257,7 +257,7 @@ class MappingsTest(unittest.TestCase):
         # A file replaced between the agent's answer and the map (the key
         # computed again, to other bytes) was mapped, and kept, under the
         # answer's checksum (a helper's hunt found it).
-        from embcache.values import Mappings
+        from embcache.embedding import Mappings
         from embcache import EmbcacheError
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d)

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import EmbeddingCache, Reservation
-from ..key import EmbeddingCacheKey, EncoderPreprocessingConfig
+from ..embedding import Embedding
 from ..errors import EmbcacheError
-from ..values import Embedding
+from ..key import EmbeddingCacheKey, EncoderPreprocessingConfig
 from ._base import ECConnectorBase, ECConnectorMetadata, ECConnectorRole
 from .keys import MODALITIES, preprocessing_config
 from .publisher import BoundedPublisher
