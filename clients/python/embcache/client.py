@@ -13,9 +13,10 @@ import threading
 import time
 import urllib.parse
 import uuid
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
+from . import _process
+from ._process import ProcessState
 from .connection import Connection, Pool, ProtocolError
 from .embedding import Embedding, Mappings
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
@@ -44,42 +45,6 @@ class Reservation:
 
     def __repr__(self) -> str:
         return f"Reservation({self.key}, {self.id})"
-
-
-class _ProcessState:
-    """What a client holds in one process: the identity the agent keeps its
-    pins under, and its pool of connections.
-
-    It belongs to the process that made it (pid). A forked child inherits a
-    copy, which it must not use: the sockets are its parent's, so the two
-    processes' calls would interleave on them and each would read answers
-    to the other's calls; and under the parent's identity, either one's
-    cleanup_request (or exit) would drop the other's pins. Nor may the
-    child take its locks: one held at fork() by another thread of the
-    parent stays held in the child forever."""
-
-    def __init__(self, client_id: str, path: str, max_idle: int):
-        self.pid = os.getpid()
-        self.client_id = client_id
-        self.pool = Pool(path, max_idle, client_id)
-
-
-# Every live client, so that a forked child can disown their inherited
-# connections before it runs anything else (os.register_at_fork below).
-_clients: "weakref.WeakSet[EmbeddingCache]" = weakref.WeakSet()
-# Serializes giving clients a state in a new process (_enter_process).
-_enter_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _enter_lock
-    _enter_lock = threading.Lock()  # a thread of the parent may have held it at fork()
-    for client in list(_clients):
-        client._enter_process()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Answer fields Go leaves out when zero (omitempty).
@@ -260,9 +225,9 @@ class EmbeddingCache:
     def _setup(self) -> None:
         """What a client has in the process it is in (not pickled)."""
         self._mappings = Mappings(self._mapping_cache_bytes)
-        self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
+        self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
         self._episode = _Episode()
-        _clients.add(self)
+        _process.at_fork(self, EmbeddingCache._enter_process)
 
     _SETTINGS = ("enabled", "socket_path", "strict", "agent_timeout", "compute_timeout", "_client_base",
                  "_origin_pid", "_mapping_cache_bytes", "_max_idle", "key_slot_max_bytes")
@@ -307,7 +272,7 @@ class EmbeddingCache:
             return self._client_base
         return f"{self._client_base or 'py'}-{pid}-{uuid.uuid4().hex[:8]}"
 
-    def _process(self) -> _ProcessState:
+    def _process(self) -> ProcessState:
         """This process's state; a new one if the pid changed. The at-fork
         hook has normally made it already; the pid check also covers a
         fork() that ran no hook (a C extension calling fork directly)."""
@@ -316,16 +281,16 @@ class EmbeddingCache:
             state = self._enter_process()
         return state
 
-    def _enter_process(self) -> _ProcessState:
+    def _enter_process(self) -> ProcessState:
         """Gives the client a state of its own in this (forked) process, and
         disowns the inherited one."""
-        with _enter_lock:
+        with _process.entering():
             inherited = self._state
             if inherited.pid == os.getpid():
                 return inherited  # another thread got here first
             self._mappings.after_fork()
             self._episode = _Episode()
-            self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
+            self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
         inherited.pool.disown()
         return self._state
 
@@ -336,7 +301,7 @@ class EmbeddingCache:
     def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, *, retry: bool = False,
               answers: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
               conn: Optional[Connection] = None, raw: Optional[Tuple[Any, Mapping[str, str]]] = None,
-              state: Optional[_ProcessState] = None, total: Optional[float] = None,
+              state: Optional[ProcessState] = None, total: Optional[float] = None,
               headers: Optional[Mapping[str, str]] = None) -> Any:
         """Makes a call on a pooled connection (or on conn, which the caller
         holds). answers: the names (key, reservation, client, request_id)
