@@ -126,7 +126,7 @@ class AsyncEmbeddingCache:
         try:
             got = await self._run(sync.reserve, key, request_id)
         except EmbcacheError as e:
-            sync._degrade("lookup", e)
+            sync.policy.failed("lookup", e)
             return await self._compute(compute_fn)
         if isinstance(got, Embedding):
             return got
@@ -139,7 +139,7 @@ class AsyncEmbeddingCache:
             await self._run(sync.commit, got, value)
         except EmbcacheError as e:
             await self._run(sync._abandon_quietly, got, f"commit failed: {e}")
-            sync._degrade("commit", e, value)
+            sync.policy.failed("commit", e, value)
         except BaseException:  # cancelled: the key is given back on a thread of the pool
             self._pool().submit(sync._abandon_quietly, got, "the caller was cancelled")
             raise

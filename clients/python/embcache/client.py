@@ -9,18 +9,17 @@ import logging
 import numbers
 import mmap
 import os
-import threading
-import time
 import urllib.parse
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from . import _process
+from ._degrade import Policy
 from ._process import ProcessState
 from .connection import Connection, Pool, ProtocolError
 from .embedding import Embedding, Mappings
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
-                     ReservationEnded, StoreFull, api_error, with_value)
+                     ReservationEnded, StoreFull, api_error)
 from .key import EmbeddingCacheKey, EncoderPreprocessingConfig, KeySource
 from .stage import StageCacheConfig
 from .values import parts_of, tensor_parts, token_list
@@ -116,50 +115,6 @@ def _config_header(config: EncoderPreprocessingConfig) -> str:
     return json.dumps(config.to_wire(), separators=(",", ":"))
 
 
-class _Episode:
-    """Failures in degrade mode, logged once per episode: the first failure
-    is logged, the ones after it only counted, and the first success after
-    them ends the episode. An episode's lines are at least _QUIET apart: a
-    store outage under which local hits keep succeeding would otherwise
-    start and end an episode with every pair of calls."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.failing = False
-        self.unreported = 0  # failures not yet in a "served again" line
-        self.total = 0
-        self.logged = -_QUIET  # monotonic time of the last line
-
-    def failed(self, what: str, err: BaseException) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.total += 1
-            self.unreported += 1
-            report = not self.failing and now - self.logged >= _QUIET
-            self.failing = True
-            if report:
-                self.logged = now
-        if report:
-            log.warning("embcache: %s failed; calls are served without the cache while it fails: %s", what, err)
-
-    def ok(self) -> None:
-        if not self.failing:  # unlocked read: a stale view only delays the line by one call
-            return
-        now = time.monotonic()
-        with self.lock:
-            # The episode ends with its line: one held back by the quiet
-            # rule comes with a later success (ending it here silently
-            # left an outage shorter than _QUIET without its end).
-            report = self.failing and now - self.logged >= _QUIET
-            n = self.unreported
-            if report:
-                self.failing, self.unreported, self.logged = False, 0, now
-        if report:
-            log.warning("embcache: the cache serves again; %d calls were served without it", n)
-
-
-# The least time between two lines of the degrade log.
-_QUIET = 30.0
 # Timeouts past this are refused (a day): a larger one overflows the
 # socket's, and means "never" better said by a day.
 _MAX_TIMEOUT = 86400.0
@@ -191,7 +146,9 @@ class EmbeddingCache:
     serves every call without it: get_or_compute returns compute_fn's
     value, get and key calls return None, cleanup_request 0; failures are
     counted (``degraded``) and logged once per episode. "strict" raises the
-    typed error (errors.py) instead.
+    typed error (errors.py) instead. ``policy`` is that choice in this
+    process: a wrapper that composes this client's calls (AsyncEmbeddingCache)
+    reports its failures to ``policy.failed``.
     """
 
     def __init__(self, socket_path: Optional[str] = None, *, enabled: bool = True,
@@ -226,7 +183,7 @@ class EmbeddingCache:
         """What a client has in the process it is in (not pickled)."""
         self._mappings = Mappings(self._mapping_cache_bytes)
         self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
-        self._episode = _Episode()
+        self.policy = Policy(self.strict)  # store_unavailable_mode, in this process
         _process.at_fork(self, EmbeddingCache._enter_process)
 
     _SETTINGS = ("enabled", "socket_path", "strict", "agent_timeout", "compute_timeout", "_client_base",
@@ -251,7 +208,7 @@ class EmbeddingCache:
     @property
     def degraded(self) -> int:
         """Calls served without the cache because it failed (degrade mode)."""
-        return self._episode.total
+        return self.policy.total
 
     # -- processes and connections -----------------------------------------
 
@@ -289,7 +246,7 @@ class EmbeddingCache:
             if inherited.pid == os.getpid():
                 return inherited  # another thread got here first
             self._mappings.after_fork()
-            self._episode = _Episode()
+            self.policy = Policy(self.strict)
             self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
         inherited.pool.disown()
         return self._state
@@ -346,7 +303,7 @@ class EmbeddingCache:
             finally:
                 if conn is None:
                     pool.give(c)
-            self._episode.ok()
+            self.policy.ok()
             return answer
         raise AssertionError("unreachable")
 
@@ -377,14 +334,6 @@ class EmbeddingCache:
             err = {"code": "internal", "error": data.decode(errors="replace")}
         return api_error(status, str(err.get("code", "")), str(err.get("error", "")))
 
-    def _degrade(self, what: str, err: EmbcacheError, value: Any = None) -> None:
-        """In strict mode raises err (carrying value, if compute_fn ran);
-        in degrade mode counts and logs it. BadRequest is raised in both:
-        a wrong key or value is a bug to fix, not an outage to ride out."""
-        if self.strict or isinstance(err, BadRequest):
-            raise with_value(err, value)
-        self._episode.failed(what, err)
-
     def close(self) -> None:
         """Closes this process's idle connections, and each busy one when
         its call ends: the agent releases the pins of a client whose last
@@ -409,7 +358,7 @@ class EmbeddingCache:
         except BadRequest:
             raise  # the config or input is wrong: a bug to fix, not a failure to ride out
         except EmbcacheError as e:
-            self._degrade("key", e)
+            self.policy.failed("key", e)
             return None
         return EmbeddingCacheKey(key=r["key"], tenant=r["tenant"], model=r.get("model", ""),
                                  weight_epoch=r.get("weight_epoch", 0), prefix_keys=tuple(r.get("prefix_keys") or ()))
@@ -649,7 +598,7 @@ class EmbeddingCache:
                 return None
             return self._embedding(key, r)
         except EmbcacheError as e:
-            self._degrade("get", e)
+            self.policy.failed("get", e)
             return None
 
     def put(self, key: Optional[EmbeddingCacheKey], value: Any) -> bool:
@@ -664,7 +613,7 @@ class EmbeddingCache:
         try:
             got = self.reserve(key, request_id)
         except EmbcacheError as e:
-            self._degrade("put", e, value)
+            self.policy.failed("put", e, value)
             return False
         if isinstance(got, Embedding):
             got.close()
@@ -674,7 +623,7 @@ class EmbeddingCache:
             self.commit(got, value)
         except EmbcacheError as e:
             self._abandon_quietly(got, f"commit failed: {e}")
-            self._degrade("put", e, value)
+            self.policy.failed("put", e, value)
             return False
         except BaseException:
             self._abandon_quietly(got, "commit interrupted")
@@ -694,7 +643,7 @@ class EmbeddingCache:
         try:
             got = self.reserve(key, request_id)
         except EmbcacheError as e:
-            self._degrade("lookup", e)
+            self.policy.failed("lookup", e)
             return compute_fn()
         if isinstance(got, Embedding):
             return got
@@ -707,7 +656,7 @@ class EmbeddingCache:
             self.commit(got, value)
         except EmbcacheError as e:
             self._abandon_quietly(got, f"commit failed: {e}")
-            self._degrade("commit", e, value)
+            self.policy.failed("commit", e, value)
         except BaseException:
             self._abandon_quietly(got, "commit interrupted")
             raise
@@ -723,7 +672,7 @@ class EmbeddingCache:
             r = self._call("POST", "/v1/release", {"client": client, "request_id": request_id},
                            answers={"client": client, "request_id": request_id}, retry=True)
         except EmbcacheError as e:
-            self._degrade("cleanup_request", e)
+            self.policy.failed("cleanup_request", e)
             return 0
         return int(r["released"])
 
@@ -736,7 +685,7 @@ class EmbeddingCache:
             try:
                 out = dict(self._call("GET", "/v1/stats", retry=True))
             except EmbcacheError as e:
-                self._degrade("stats", e)
+                self.policy.failed("stats", e)
         out["client"] = {"degraded": self.degraded, "open_connections": self.open_connections(),
                          "client_id": self.client_id}
         return out
