@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
 import numbers
-import mmap
 import os
 import urllib.parse
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-from . import _process
+from . import _process, _slots
 from ._degrade import Policy
 from ._process import ProcessState
 from .connection import Connection, Pool, ProtocolError
@@ -27,6 +25,14 @@ from .values import parts_of, tensor_parts, token_list
 log = logging.getLogger("embcache")
 
 T = TypeVar("T")
+
+# Timeouts past this are refused (a day): a larger one overflows the
+# socket's, and means "never" better said by a day.
+_MAX_TIMEOUT = 86400.0
+# Asks the agent to send heartbeats while a lookup waits for a compute.
+_HEARTBEATS = {"Embcache-Heartbeat": "1"}
+# Answer fields Go leaves out when zero (omitempty).
+_OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
 
 
 class Reservation:
@@ -46,10 +52,6 @@ class Reservation:
         return f"Reservation({self.key}, {self.id})"
 
 
-# Answer fields Go leaves out when zero (omitempty).
-_OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
-
-
 def _key_names(key: EmbeddingCacheKey) -> Dict[str, Any]:
     """How an answer names key."""
     return {"key": key.key, "tenant": key.tenant, "model": key.model, "weight_epoch": key.weight_epoch}
@@ -63,61 +65,10 @@ def _check_names(call: str, answer: Mapping[str, Any], want: Mapping[str, Any]) 
             raise AnswerMismatch(f"{call}: asked for {name} {value!r}, the answer is for {got!r}")
 
 
-# Inputs from _KEY_SLOT_MIN to key_slot_max_bytes are keyed through the
-# connection's key slot: one copy into shared memory, against two through
-# the kernel for a body (a 2 MiB key: ~1.7 ms against ~2.4 ms here). Below,
-# a body costs as little; above, a slot would hold that much RAM per pooled
-# connection, and the agent hashes a body as it arrives anyway. Slots grow
-# in steps of _KEY_SLOT_STEP.
-_KEY_SLOT_MIN = 32 << 10
-
-
-class _SlotUnusable(AgentUnavailable):
-    """This process cannot map its connection's key slot."""
-
-
-def _flat(data: Any) -> memoryview:
-    """data as a flat memoryview of bytes, without a copy (an empty one for
-    an empty tensor, whose zero-dimension shape a cast refuses)."""
-    mv = memoryview(data)
-    if mv.nbytes == 0:
-        mv.release()
-        return memoryview(b"")
-    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
-
-
-def _write_all(fd: int, path: str, mv: memoryview) -> None:
-    """Writes mv at the start of fd and closes it; a failure (a full
-    tmpfs, say) removes path (if given) and is StoreFull or
-    AgentUnavailable. write(2) moves at most ~2 GiB at a time: it loops."""
-    try:
-        done = 0
-        while done < mv.nbytes:
-            done += os.write(fd, mv[done:])
-    except OSError as e:
-        if path:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        if e.errno == errno.ENOSPC:
-            raise StoreFull(503, "no_space", f"slot: {e}") from e
-        raise AgentUnavailable(f"slot: {e}") from e
-    finally:
-        os.close(fd)
-_HEARTBEATS = {"Embcache-Heartbeat": "1"}
-_KEY_SLOT_STEP = 1 << 20
-
-
 @functools.lru_cache(maxsize=256)
 def _config_header(config: EncoderPreprocessingConfig) -> str:
     """The config as the Embcache-Config header carries it (ASCII JSON)."""
     return json.dumps(config.to_wire(), separators=(",", ":"))
-
-
-# Timeouts past this are refused (a day): a larger one overflows the
-# socket's, and means "never" better said by a day.
-_MAX_TIMEOUT = 86400.0
 
 
 class EmbeddingCache:
@@ -368,13 +319,13 @@ class EmbeddingCache:
         connection's key slot (shared memory) and hashed by the agent where
         it lies, or, small or very large, sent as the call's body."""
         headers = {"Embcache-Config": _config_header(config)}
-        mv = _flat(data)
+        mv = _slots.flat(data)
 
         def ask() -> Any:
-            if _KEY_SLOT_MIN <= mv.nbytes <= self.key_slot_max_bytes:
+            if _slots.KEY_SLOT_MIN <= mv.nbytes <= self.key_slot_max_bytes:
                 try:
                     return self._key_in_slot(query, mv, headers)
-                except (StoreFull, _SlotUnusable) as e:  # no room for a slot: the body needs none
+                except (StoreFull, _slots.SlotUnusable) as e:  # no room for a slot: the body needs none
                     log.debug("embcache: key slot: %s; sending the input", e)
             return self._call("POST", "/v1/key/bytes?" + query, raw=(mv, headers), retry=True)
 
@@ -390,20 +341,16 @@ class EmbeddingCache:
             try:
                 slot = conn.key_slot
                 if slot is None or len(slot[1]) < n:
-                    size = -(-n // _KEY_SLOT_STEP) * _KEY_SLOT_STEP
+                    size = _slots.key_slot_size(n)
                     r = self._call("POST", "/v1/key/slot", {"size": size}, conn=conn)
-                    fd = os.open(r["file"], os.O_RDWR)
-                    try:
-                        mm = mmap.mmap(fd, size)
-                    finally:
-                        os.close(fd)
+                    mm = _slots.map_key_slot(r["file"], size)
                     if slot is not None:
                         slot[1].close()
                     slot = conn.key_slot = (r["slot"], mm)
                 slot[1][:n] = mv
             except OSError as e:  # the slot's file: mapping it
                 conn.close()
-                raise _SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
+                raise _slots.SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
             return self._call("POST", f"/v1/key/bytes?{query}&slot={slot[0]}&length={n}", raw=(b"", headers),
                               conn=conn)
 
@@ -506,7 +453,7 @@ class EmbeddingCache:
             body.update(dtype=p.dtype, shape=list(p.shape))
         if p.tokens:
             body["tokens"] = p.tokens
-        mv = _flat(p.data)
+        mv = _slots.flat(p.data)
         own = ""  # a slot file this process made, which no agent may remove
         try:
             if p.kind != "tokens":
@@ -530,29 +477,17 @@ class EmbeddingCache:
     def _write_slot(self, reservation: Reservation, mv: memoryview) -> Tuple[str, str]:
         """Writes the value's bytes into a slot file; returns the slot's
         name for the commit, and the file's path if this process made it
-        (a failed commit removes it). The file the lookup's answer named is made
-        here (0640: with the agent's --shm-group, that group reads it; no
-        other process can write it; no call); an agent that named none, or a slot
-        directory this process may not write to, gets one by POST
-        /v1/slot. A failed write removes the file: nothing is left in
-        shared memory."""
-        if reservation.slot_file:
-            try:
-                fd = os.open(reservation.slot_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
-            except OSError as e:
-                log.debug("embcache: slot file %s: %s; asking the agent for one", reservation.slot_file, e)
-            else:
-                _write_all(fd, reservation.slot_file, mv)
-                return reservation.id, reservation.slot_file
+        (a failed commit removes it). The file the lookup's answer named is
+        made here (no call); an agent that named none, or a slot directory
+        this process may not write to, gets one by POST /v1/slot. A failed
+        write removes the file: nothing is left in shared memory."""
+        if reservation.slot_file and _slots.create_value(reservation.slot_file, mv):
+            return reservation.id, reservation.slot_file
         # A slot of another reservation would be another key's value.
         slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
                           answers={"reservation": reservation.id}, conn=reservation.conn)
         if mv.nbytes:
-            try:
-                fd = os.open(slot["file"], os.O_WRONLY)
-            except OSError as e:
-                raise AgentUnavailable(f"agent at {self.socket_path}: slot {slot['file']}: {e}") from e
-            _write_all(fd, "", mv)
+            _slots.fill_value(slot["file"], mv)
         return str(slot["slot"]), ""
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
