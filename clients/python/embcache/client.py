@@ -491,7 +491,10 @@ class EmbeddingCache:
         return str(slot["slot"]), ""
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
-        """Gives the reservation up: another process may compute the key."""
+        """Gives the reservation up: another process may compute the key.
+        It has ended when this returns or raises: if the agent did not take
+        the abandon, the connection holding the reservation is closed,
+        which makes the agent end it."""
         if reservation.done:
             return
         conn = reservation.conn
@@ -499,9 +502,12 @@ class EmbeddingCache:
             if conn is not None and conn.closed:
                 return  # its connection closed: the agent has ended it already
             self._call("POST", "/v1/abandon", {"reservation": reservation.id, "reason": reason}, conn=conn)
-        except (ReservationEnded, APIError) as e:
-            if not isinstance(e, ReservationEnded) and getattr(e, "status", 0) not in (404, 410):
-                raise
+        except BaseException as e:
+            if isinstance(e, ReservationEnded) or (isinstance(e, APIError) and e.status in (404, 410)):
+                return  # ended already
+            if conn is not None:
+                conn.close()  # not back into the pool still holding the reservation
+            raise
         finally:
             self._end(reservation)
 
@@ -512,10 +518,6 @@ class EmbeddingCache:
             # The reservation ends with its connection, or at the compute
             # timeout: nothing is lost but time.
             log.debug("embcache: abandon failed: %s", e)
-            conn = reservation.conn
-            if conn is not None:
-                conn.close()
-            self._end(reservation)
 
     def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
         """The cached value of key (pinned for request_id), or None: not

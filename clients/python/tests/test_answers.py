@@ -12,7 +12,7 @@ import tempfile
 import threading
 import unittest
 
-from embcache import AnswerMismatch, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation, Tensor
+from embcache import AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation, Tensor
 
 from .test_fork import fork_call, join_child
 
@@ -149,6 +149,25 @@ class AnswerCheckTest(unittest.TestCase):
         fake = self.agent(lambda path, body: (404, {"error": "unknown reservation", "code": "not_found"}, "x.1"))
         with self.assertRaises(AnswerMismatch):
             self.client(fake).abandon(Reservation(None, KEY, "res-1", "r1"))
+
+    def test_a_refused_abandon_closes_the_reservations_connection(self):
+        # The agent did not take the abandon (a 500): the connection holding
+        # the reservation is closed, not pooled, so the agent ends it now
+        # rather than at the compute timeout.
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            return 500, {"error": "boom", "code": "internal"}, None
+
+        fake = self.agent(answer)
+        cache = self.client(fake)
+        got = cache.reserve(KEY, "r1")
+        conn = got.conn
+        with self.assertRaises(APIError):
+            cache.abandon(got, "encoder OOM")
+        self.assertTrue(conn.closed)
+        self.assertTrue(got.done)
+        self.assertEqual(cache.open_connections(), 0)
 
     def test_slot_of_another_reservation_is_not_written(self):
         slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")
