@@ -9,6 +9,7 @@ import numbers
 import os
 import urllib.parse
 import uuid
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from . import _process, _slots
@@ -36,10 +37,20 @@ _OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
 
 
 class Reservation:
-    """This process must compute the key: commit the value, or abandon.
+    """This process must compute the key: commit the value, or abandon it.
     It holds the connection it was granted on (the agent ends a reservation
     when that connection closes, which is how a killed process gives the key
-    back at once) until it is committed or abandoned."""
+    back at once) until it is committed or abandoned. In a ``with`` block
+    it is abandoned on the way out unless it was committed::
+
+        got = cache.reserve(key, request_id)
+        if isinstance(got, Reservation):
+            with got:
+                got.commit(encoder(pixels))
+
+    Another process may commit what a lookup here reserved (embcache.vllm
+    does): Reservation(cache, key, id, request_id, None, slot_file) names
+    it, and its calls go on a connection of cache's pool."""
 
     def __init__(self, cache: "EmbeddingCache", key: EmbeddingCacheKey, reservation: str, request_id: str,
                  conn: Optional[Connection] = None, slot_file: str = ""):
@@ -47,6 +58,42 @@ class Reservation:
         self.conn = conn
         self.slot_file = slot_file  # where the value may be written without asking for a slot
         self.done = False
+        self._failure = ""  # why the last commit failed: the reason the reservation is abandoned with
+
+    def commit(self, value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> None:
+        """Hands the computed value to the agent, which shares it with the
+        cluster. Tensor data is written once into a slot file in shared
+        memory (never through the socket); the agent answers as soon as it
+        has the slot, and checksums, stores and commits the value after
+        that, so this returns within a call of the copy. Raises (both
+        modes; ReservationEnded if it was committed or abandoned already);
+        get_or_compute is the call that degrades."""
+        self.cache._commit(self, value, dtype, shape)
+
+    def abandon(self, reason: str = "") -> None:
+        """Gives the key back: another process may compute it (reason is
+        what its waiters are told). The reservation has ended when this
+        returns or raises: if the agent did not take the abandon, the
+        connection holding the reservation is closed, which makes the agent
+        end it. Abandoning an ended reservation does nothing."""
+        self.cache._abandon(self, reason)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        """Abandons the reservation unless it was committed, giving the
+        commit's failure (or the exception that left the block) as the
+        reason. A failed abandon is logged, not raised: it would hide the
+        block's own exception, and the reservation has ended anyway."""
+        if self.done:
+            return
+        reason = self._failure or (f"{exc_type.__name__}: {exc}" if exc_type is not None else "not committed")
+        try:
+            self.abandon(reason)
+        except EmbcacheError as e:
+            log.debug("embcache: abandon of %s failed: %s", self, e)
 
     def __repr__(self) -> str:
         return f"Reservation({self.key}, {self.id})"
@@ -436,32 +483,32 @@ class EmbeddingCache:
 
     def commit(self, reservation: Reservation, value: Any, dtype: Optional[str] = None,
                shape: Optional[Sequence[int]] = None) -> None:
-        """Hands the computed value to the agent, which shares it with the
-        cluster. Tensor data is written once into a slot file in shared
-        memory (never through the socket); the agent answers as soon as it
-        has the slot, and checksums, stores and commits the value after
-        that, so this returns within a call of the copy. Raises (both
-        modes); get_or_compute is the call that degrades."""
+        """reservation.commit(value, dtype, shape), made by this client."""
+        self._commit(reservation, value, dtype, shape)
+
+    def _commit(self, reservation: Reservation, value: Any, dtype: Optional[str],
+                shape: Optional[Sequence[int]]) -> None:
         if reservation.done:
             raise ReservationEnded(410, "reservation_ended", f"{reservation} was already committed or abandoned")
-        p = parts_of(value, dtype, shape)
         client = self.client_id
-        conn = reservation.conn
-        body: Dict[str, Any] = {"reservation": reservation.id, "client": client, "request_id": reservation.request_id,
-                                "kind": p.kind}
-        if p.kind != "tokens":
-            body.update(dtype=p.dtype, shape=list(p.shape))
-        if p.tokens:
-            body["tokens"] = p.tokens
-        mv = _slots.flat(p.data)
+        mv: Optional[memoryview] = None
         own = ""  # a slot file this process made, which no agent may remove
         try:
+            p = parts_of(value, dtype, shape)
+            body: Dict[str, Any] = {"reservation": reservation.id, "client": client,
+                                    "request_id": reservation.request_id, "kind": p.kind}
+            if p.kind != "tokens":
+                body.update(dtype=p.dtype, shape=list(p.shape))
+            if p.tokens:
+                body["tokens"] = p.tokens
+            mv = _slots.flat(p.data)
             if p.kind != "tokens":
                 body["slot"], own = self._write_slot(reservation, mv)
-            self._call("POST", "/v1/commit", body, conn=conn,
+            self._call("POST", "/v1/commit", body, conn=reservation.conn,
                        answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
                                     request_id=reservation.request_id))
-        except BaseException:
+        except BaseException as e:
+            reservation._failure = f"commit failed: {type(e).__name__}: {e}"
             # An agent that restarted since the lookup emptied the slot
             # directory before this file was made, and knows nothing of it.
             if own:
@@ -471,7 +518,8 @@ class EmbeddingCache:
                     pass
             raise
         finally:
-            mv.release()
+            if mv is not None:
+                mv.release()
         self._end(reservation)
 
     def _write_slot(self, reservation: Reservation, mv: memoryview) -> Tuple[str, str]:
@@ -491,10 +539,10 @@ class EmbeddingCache:
         return str(slot["slot"]), ""
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
-        """Gives the reservation up: another process may compute the key.
-        It has ended when this returns or raises: if the agent did not take
-        the abandon, the connection holding the reservation is closed,
-        which makes the agent end it."""
+        """reservation.abandon(reason), made by this client."""
+        self._abandon(reservation, reason)
+
+    def _abandon(self, reservation: Reservation, reason: str) -> None:
         if reservation.done:
             return
         conn = reservation.conn
@@ -556,15 +604,12 @@ class EmbeddingCache:
             got.close()
             self.cleanup_request(request_id)
             return False
-        try:
-            self.commit(got, value)
-        except EmbcacheError as e:
-            self._abandon_quietly(got, f"commit failed: {e}")
-            self.policy.failed("put", e, value)
-            return False
-        except BaseException:
-            self._abandon_quietly(got, "commit interrupted")
-            raise
+        with got:  # abandoned on the way out unless committed
+            try:
+                got.commit(value)
+            except EmbcacheError as e:
+                self.policy.failed("put", e, value)
+                return False
         return True
 
     def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], T],
@@ -584,19 +629,12 @@ class EmbeddingCache:
             return compute_fn()
         if isinstance(got, Embedding):
             return got
-        try:
+        with got:  # abandoned on the way out unless committed
             value = compute_fn()
-        except BaseException as e:
-            self._abandon_quietly(got, f"compute_fn raised {type(e).__name__}: {e}")
-            raise
-        try:
-            self.commit(got, value)
-        except EmbcacheError as e:
-            self._abandon_quietly(got, f"commit failed: {e}")
-            self.policy.failed("commit", e, value)
-        except BaseException:
-            self._abandon_quietly(got, "commit interrupted")
-            raise
+            try:
+                got.commit(value)
+            except EmbcacheError as e:
+                self.policy.failed("commit", e, value)
         return value
 
     def cleanup_request(self, request_id: str) -> int:

@@ -12,7 +12,8 @@ import tempfile
 import threading
 import unittest
 
-from embcache import AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation, Tensor
+from embcache import (AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation,
+                      StoreFull, Tensor, Tokens)
 
 from .test_fork import fork_call, join_child
 
@@ -168,6 +169,30 @@ class AnswerCheckTest(unittest.TestCase):
         self.assertTrue(conn.closed)
         self.assertTrue(got.done)
         self.assertEqual(cache.open_connections(), 0)
+
+    def test_a_with_block_abandons_with_its_reason(self):
+        # The reason the agent tells the key's waiters: the exception that
+        # left the block, or the commit's failure.
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            if path == "/v1/abandon":
+                return 204, None, None
+            return 503, {"error": "no room", "code": "no_space"}, None
+
+        fake = self.agent(answer)
+        cache = self.client(fake)
+        with self.assertRaises(ZeroDivisionError):
+            with cache.reserve(KEY, "r1"):
+                1 / 0
+        with cache.reserve(KEY, "r1") as got:
+            with self.assertRaises(StoreFull):
+                got.commit(Tokens([1, 2]))
+        with cache.reserve(KEY, "r1"):
+            pass
+        reasons = [body["reason"] for path, body in fake.calls if path == "/v1/abandon"]
+        self.assertEqual(reasons, ["ZeroDivisionError: division by zero",
+                                   "commit failed: StoreFull: agent: 503 no_space: no room", "not committed"])
 
     def test_slot_of_another_reservation_is_not_written(self):
         slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")
