@@ -7,6 +7,7 @@ import json
 import logging
 import numbers
 import os
+import threading
 import urllib.parse
 import uuid
 from types import TracebackType
@@ -59,6 +60,10 @@ class Reservation:
         self.slot_file = slot_file  # where the value may be written without asking for a slot
         self.done = False
         self._failure = ""  # why the last commit failed: the reason the reservation is abandoned with
+        # Its verbs run one at a time: an abandon from another thread (a
+        # cancelled asyncio task's, a publisher's) waits for a commit in
+        # flight on the same connection, then finds the reservation ended.
+        self._lock = threading.Lock()
 
     def commit(self, value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> None:
         """Hands the computed value to the agent, which shares it with the
@@ -89,7 +94,10 @@ class Reservation:
         block's own exception, and the reservation has ended anyway."""
         if self.done:
             return
-        reason = self._failure or (f"{exc_type.__name__}: {exc}" if exc_type is not None else "not committed")
+        if self._failure or exc is None:
+            reason = self._failure or "not committed"
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         try:
             self.abandon(reason)
         except EmbcacheError as e:
@@ -488,6 +496,11 @@ class EmbeddingCache:
 
     def _commit(self, reservation: Reservation, value: Any, dtype: Optional[str],
                 shape: Optional[Sequence[int]]) -> None:
+        with reservation._lock:  # one verb at a time (see Reservation)
+            self._commit_locked(reservation, value, dtype, shape)
+
+    def _commit_locked(self, reservation: Reservation, value: Any, dtype: Optional[str],
+                       shape: Optional[Sequence[int]]) -> None:
         if reservation.done:
             raise ReservationEnded(410, "reservation_ended", f"{reservation} was already committed or abandoned")
         client = self.client_id
@@ -543,6 +556,10 @@ class EmbeddingCache:
         self._abandon(reservation, reason)
 
     def _abandon(self, reservation: Reservation, reason: str) -> None:
+        with reservation._lock:  # one verb at a time (see Reservation)
+            self._abandon_locked(reservation, reason)
+
+    def _abandon_locked(self, reservation: Reservation, reason: str) -> None:
         if reservation.done:
             return
         conn = reservation.conn

@@ -10,6 +10,7 @@ import shutil
 import socketserver
 import tempfile
 import threading
+import time
 import unittest
 
 from embcache import (AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation,
@@ -193,6 +194,42 @@ class AnswerCheckTest(unittest.TestCase):
         reasons = [body["reason"] for path, body in fake.calls if path == "/v1/abandon"]
         self.assertEqual(reasons, ["ZeroDivisionError: division by zero",
                                    "commit failed: StoreFull: agent: 503 no_space: no room", "not committed"])
+
+    def test_an_abandon_waits_for_the_commit_in_flight(self):
+        # A cancelled asyncio task, or a publisher's drop, abandons from
+        # another thread: it waits for the commit on the same connection,
+        # then finds the reservation ended and sends nothing.
+        committing = threading.Event()
+
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            if path == "/v1/commit":
+                committing.set()
+                time.sleep(0.3)
+                return 200, {"status": "hit", "reservation": body["reservation"], "key": KEY.key,
+                             "tenant": KEY.tenant, "model": KEY.model, "weight_epoch": KEY.weight_epoch,
+                             "client": body["client"], "request_id": body["request_id"]}, None
+            return 204, None, None
+
+        fake = self.agent(answer)
+        got = self.client(fake).reserve(KEY, "r1")
+        errors = []
+
+        def commit():
+            try:
+                got.commit(Tokens([1, 2]))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        t = threading.Thread(target=commit)
+        t.start()
+        self.assertTrue(committing.wait(10))
+        got.abandon("the caller was cancelled")
+        t.join(10)
+        self.assertEqual(errors, [])
+        self.assertTrue(got.done)
+        self.assertNotIn("/v1/abandon", [p for p, _ in fake.calls])
 
     def test_slot_of_another_reservation_is_not_written(self):
         slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")
