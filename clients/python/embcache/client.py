@@ -576,14 +576,6 @@ class EmbeddingCache:
         finally:
             self._end(reservation)
 
-    def _abandon_quietly(self, reservation: Reservation, reason: str) -> None:
-        try:
-            self.abandon(reservation, reason)
-        except EmbcacheError as e:
-            # The reservation ends with its connection, or at the compute
-            # timeout: nothing is lost but time.
-            log.debug("embcache: abandon failed: %s", e)
-
     def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
         """The cached value of key (pinned for request_id), or None: not
         cached, still computing elsewhere, the cache off or degraded. Never
