@@ -460,8 +460,10 @@ class EmbeddingCache:
 
     def reserve(self, key: EmbeddingCacheKey, request_id: str) -> Union[Embedding, Reservation]:
         """Looks key up: a hit (an Embedding, pinned for request_id), or a
-        Reservation when this process must compute. Waits while another
-        process computes it, up to compute_timeout. Raises (both modes)."""
+        Reservation when this process must compute (commit it or abandon
+        it; ``with reservation:`` abandons it unless committed). Waits
+        while another process computes it, up to compute_timeout. Raises
+        (both modes)."""
         if not self.enabled or key is None:
             raise EmbcacheError("reserve needs a key and an enabled cache (get_or_compute takes None)")
         state = self._process()
@@ -481,6 +483,9 @@ class EmbeddingCache:
 
         return self._on_pooled(state.pool, use)
 
+    # A second name (the agent's call is POST /v1/lookup), kept for the
+    # code that calls it; reserve is the name, as in the RFC's
+    # reserve/commit/abandon.
     lookup = reserve
 
     def _end(self, reservation: Reservation) -> None:
