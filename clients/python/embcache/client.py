@@ -77,10 +77,12 @@ class Reservation:
 
     def abandon(self, reason: str = "") -> None:
         """Gives the key back: another process may compute it (reason is
-        what its waiters are told). The reservation has ended when this
+        what its waiters are told). This object has ended when this
         returns or raises: if the agent did not take the abandon, the
         connection holding the reservation is closed, which makes the agent
-        end it. Abandoning an ended reservation does nothing."""
+        end it (one named by hand, without a connection, ends with its own
+        process's connection or at the compute timeout). Abandoning an
+        ended reservation does nothing."""
         self.cache._abandon(self, reason)
 
     def __enter__(self) -> Reservation:
