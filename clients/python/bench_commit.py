@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from embcache import EmbeddingCache, EncoderPreprocessingConfig, Reservation, Tensor  # noqa: E402
-from embcache import client as _client  # noqa: E402
+from embcache import _slots  # noqa: E402
 
 
 def main() -> None:
@@ -34,20 +34,14 @@ def main() -> None:
                                      image_size=(448, 448), crop_mode="center", normalize_mean=(0.5,),
                                      normalize_std=(0.5,), input_dtype="float32")
     copies = []
-    real_open = open
+    write_all = _slots.write_all
 
-    def timed_open(*a, **kw):  # times the client's write into the slot file
-        f = real_open(*a, **kw)
-        write = f.write
-
-        def w(b):
-            t0 = time.perf_counter()
-            n = write(b)
+    def timed_write_all(fd, path, mv):  # times the client's write into the slot file
+        t0 = time.perf_counter()
+        try:
+            write_all(fd, path, mv)
+        finally:
             copies.append(time.perf_counter() - t0)
-            return n
-
-        f.write = w
-        return f
 
     out = {"rounds": args.rounds}
     for mib in (1, 8, 100):
@@ -58,13 +52,13 @@ def main() -> None:
             r = cache.reserve(key, "bench")
             assert isinstance(r, Reservation)
             copies.clear()
-            _client.open = timed_open  # type: ignore[attr-defined]
+            _slots.write_all = timed_write_all
             try:
                 t0 = time.perf_counter()
-                cache.commit(r, value)
+                r.commit(value)
                 total.append(time.perf_counter() - t0)
             finally:
-                del _client.open  # type: ignore[attr-defined]
+                _slots.write_all = write_all
             copy.append(sum(copies))
             # Until the agent has shared it (outside the timing): the next
             # commit then does not compete with this one's checksum and

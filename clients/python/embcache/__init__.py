@@ -20,7 +20,7 @@ __version__ = "0.2.0"
 
 from .aio import AsyncEmbeddingCache
 from .client import EmbeddingCache, Reservation
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
+from .embedding import Embedding
 from .errors import (
     AgentTimeout,
     AgentUnavailable,
@@ -35,7 +35,9 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
 )
-from .values import Embedding, HiddenPrefix, Tensor, Tokens
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
+from .stage import StageCacheConfig
+from .values import HiddenPrefix, Tensor, Tokens
 
 __all__ = [
     "AgentTimeout",

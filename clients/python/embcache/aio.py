@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
+import logging
 import os
 import threading
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, TypeVar, Union, cast
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Sequence, TypeVar, Union, cast
 
 from .client import EmbeddingCache, Reservation
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig
+from .embedding import Embedding
 from .errors import EmbcacheError
-from .values import Embedding
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig
+
+log = logging.getLogger("embcache")
 
 T = TypeVar("T")
 
@@ -78,9 +82,26 @@ class AsyncEmbeddingCache:
             return
         got = call.result()
         if isinstance(got, Reservation):
-            self.sync._abandon_quietly(got, "the caller was cancelled")
+            try:
+                got.abandon("the caller was cancelled")
+            except EmbcacheError as e:  # it has ended all the same (Reservation.abandon)
+                log.debug("embcache: abandon of %s failed: %s", got, e)
         elif isinstance(got, Embedding):
             got.close()
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, r: Reservation) -> AsyncIterator[Reservation]:
+        """``with r:`` for a coroutine: r is abandoned on the way out unless
+        committed, on a thread of the pool (a call to the agent, which the
+        loop must not wait for, nor can a cancelled task)."""
+        try:
+            yield r
+        except BaseException as e:
+            if not r.done:
+                self._pool().submit(r.__exit__, type(e), e, e.__traceback__)
+            raise
+        if not r.done:
+            self._pool().submit(r.__exit__, None, None, None)
 
     @staticmethod
     async def _compute(compute_fn: Callable[[], Union[T, Awaitable[T]]]) -> T:
@@ -124,25 +145,18 @@ class AsyncEmbeddingCache:
         if not sync.enabled or key is None:
             return await self._compute(compute_fn)
         try:
-            got = await self._run(sync.reserve, key, request_id)
+            got = await self.reserve(key, request_id)
         except EmbcacheError as e:
-            sync._degrade("lookup", e)
+            sync.policy.failed("lookup", e)
             return await self._compute(compute_fn)
         if isinstance(got, Embedding):
             return got
-        try:
+        async with self._holding(got):  # abandoned on the way out unless committed
             value = await self._compute(compute_fn)
-        except BaseException as e:
-            self._pool().submit(sync._abandon_quietly, got, f"compute_fn raised {type(e).__name__}: {e}")
-            raise
-        try:
-            await self._run(sync.commit, got, value)
-        except EmbcacheError as e:
-            await self._run(sync._abandon_quietly, got, f"commit failed: {e}")
-            sync._degrade("commit", e, value)
-        except BaseException:  # cancelled: the key is given back on a thread of the pool
-            self._pool().submit(sync._abandon_quietly, got, "the caller was cancelled")
-            raise
+            try:
+                await self.commit(got, value)
+            except EmbcacheError as e:
+                sync.policy.failed("commit", e, value)
         return value
 
     async def cleanup_request(self, request_id: str) -> int:

@@ -2,36 +2,56 @@
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import logging
 import numbers
-import mmap
 import os
 import threading
-import time
 import urllib.parse
 import uuid
-import weakref
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
-from .config import EmbeddingCacheKey, EncoderPreprocessingConfig, StageCacheConfig
+from . import _process, _slots
+from ._degrade import Policy
+from ._process import ProcessState
 from .connection import Connection, Pool, ProtocolError
+from .embedding import Embedding, Mappings
 from .errors import (AgentTimeout, AgentUnavailable, AnswerMismatch, APIError, BadRequest, EmbcacheError, InvalidValue,
-                     ReservationEnded, StoreFull, api_error, with_value)
-from .values import Embedding, Mappings, Tensor, _token_list, parts_of, tensor_parts
+                     ReservationEnded, StoreFull, api_error)
+from .key import EmbeddingCacheKey, EncoderPreprocessingConfig, KeySource
+from .stage import StageCacheConfig
+from .values import parts_of, tensor_parts, token_list
 
 log = logging.getLogger("embcache")
 
 T = TypeVar("T")
 
+# Timeouts past this are refused (a day): a larger one overflows the
+# socket's, and means "never" better said by a day.
+_MAX_TIMEOUT = 86400.0
+# Asks the agent to send heartbeats while a lookup waits for a compute.
+_HEARTBEATS = {"Embcache-Heartbeat": "1"}
+# Answer fields Go leaves out when zero (omitempty).
+_OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
+
 
 class Reservation:
-    """This process must compute the key: commit the value, or abandon.
+    """This process must compute the key: commit the value, or abandon it.
     It holds the connection it was granted on (the agent ends a reservation
     when that connection closes, which is how a killed process gives the key
-    back at once) until it is committed or abandoned."""
+    back at once) until it is committed or abandoned. In a ``with`` block
+    it is abandoned on the way out unless it was committed::
+
+        got = cache.reserve(key, request_id)
+        if isinstance(got, Reservation):
+            with got:
+                got.commit(encoder(pixels))
+
+    Another process may commit what a lookup here reserved (embcache.vllm
+    does): Reservation(cache, key, id, request_id, None, slot_file) names
+    it, and its calls go on a connection of cache's pool."""
 
     def __init__(self, cache: "EmbeddingCache", key: EmbeddingCacheKey, reservation: str, request_id: str,
                  conn: Optional[Connection] = None, slot_file: str = ""):
@@ -39,49 +59,54 @@ class Reservation:
         self.conn = conn
         self.slot_file = slot_file  # where the value may be written without asking for a slot
         self.done = False
+        self._failure = ""  # why the last commit failed: the reason the reservation is abandoned with
+        # Its verbs run one at a time: an abandon from another thread (a
+        # cancelled asyncio task's, a publisher's) waits for a commit in
+        # flight on the same connection, then finds the reservation ended.
+        self._lock = threading.Lock()
+
+    def commit(self, value: Any, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> None:
+        """Hands the computed value to the agent, which shares it with the
+        cluster. Tensor data is written once into a slot file in shared
+        memory (never through the socket); the agent answers as soon as it
+        has the slot, and checksums, stores and commits the value after
+        that, so this returns within a call of the copy. Raises (both
+        modes; ReservationEnded if it was committed or abandoned already);
+        get_or_compute is the call that degrades."""
+        self.cache._commit(self, value, dtype, shape)
+
+    def abandon(self, reason: str = "") -> None:
+        """Gives the key back: another process may compute it (reason is
+        what its waiters are told). This object has ended when this
+        returns or raises: if the agent did not take the abandon, the
+        connection holding the reservation is closed, which makes the agent
+        end it (one named by hand, without a connection, ends with its own
+        process's connection or at the compute timeout). Abandoning an
+        ended reservation does nothing."""
+        self.cache._abandon(self, reason)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        """Abandons the reservation unless it was committed, giving the
+        commit's failure (or the exception that left the block) as the
+        reason. A failed abandon is logged, not raised: it would hide the
+        block's own exception, and the reservation has ended anyway."""
+        if self.done:
+            return
+        if self._failure or exc is None:
+            reason = self._failure or "not committed"
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        try:
+            self.abandon(reason)
+        except EmbcacheError as e:
+            log.debug("embcache: abandon of %s failed: %s", self, e)
 
     def __repr__(self) -> str:
         return f"Reservation({self.key}, {self.id})"
-
-
-class _ProcessState:
-    """What a client holds in one process: the identity the agent keeps its
-    pins under, and its pool of connections.
-
-    It belongs to the process that made it (pid). A forked child inherits a
-    copy, which it must not use: the sockets are its parent's, so the two
-    processes' calls would interleave on them and each would read answers
-    to the other's calls; and under the parent's identity, either one's
-    cleanup_request (or exit) would drop the other's pins. Nor may the
-    child take its locks: one held at fork() by another thread of the
-    parent stays held in the child forever."""
-
-    def __init__(self, client_id: str, path: str, max_idle: int):
-        self.pid = os.getpid()
-        self.client_id = client_id
-        self.pool = Pool(path, max_idle, client_id)
-
-
-# Every live client, so that a forked child can disown their inherited
-# connections before it runs anything else (os.register_at_fork below).
-_clients: "weakref.WeakSet[EmbeddingCache]" = weakref.WeakSet()
-# Serializes giving clients a state in a new process (_enter_process).
-_enter_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _enter_lock
-    _enter_lock = threading.Lock()  # a thread of the parent may have held it at fork()
-    for client in list(_clients):
-        client._enter_process()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# Answer fields Go leaves out when zero (omitempty).
-_OMITTED_WHEN_ZERO: Dict[str, Any] = {"model": "", "weight_epoch": 0}
 
 
 def _key_names(key: EmbeddingCacheKey) -> Dict[str, Any]:
@@ -97,105 +122,10 @@ def _check_names(call: str, answer: Mapping[str, Any], want: Mapping[str, Any]) 
             raise AnswerMismatch(f"{call}: asked for {name} {value!r}, the answer is for {got!r}")
 
 
-# Inputs from _KEY_SLOT_MIN to key_slot_max_bytes are keyed through the
-# connection's key slot: one copy into shared memory, against two through
-# the kernel for a body (a 2 MiB key: ~1.7 ms against ~2.4 ms here). Below,
-# a body costs as little; above, a slot would hold that much RAM per pooled
-# connection, and the agent hashes a body as it arrives anyway. Slots grow
-# in steps of _KEY_SLOT_STEP.
-_KEY_SLOT_MIN = 32 << 10
-
-
-class _SlotUnusable(AgentUnavailable):
-    """This process cannot map its connection's key slot."""
-
-
-def _flat(data: Any) -> memoryview:
-    """data as a flat memoryview of bytes, without a copy (an empty one for
-    an empty tensor, whose zero-dimension shape a cast refuses)."""
-    mv = memoryview(data)
-    if mv.nbytes == 0:
-        mv.release()
-        return memoryview(b"")
-    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
-
-
-def _write_all(fd: int, path: str, mv: memoryview) -> None:
-    """Writes mv at the start of fd and closes it; a failure (a full
-    tmpfs, say) removes path (if given) and is StoreFull or
-    AgentUnavailable. write(2) moves at most ~2 GiB at a time: it loops."""
-    try:
-        done = 0
-        while done < mv.nbytes:
-            done += os.write(fd, mv[done:])
-    except OSError as e:
-        if path:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        if e.errno == errno.ENOSPC:
-            raise StoreFull(503, "no_space", f"slot: {e}") from e
-        raise AgentUnavailable(f"slot: {e}") from e
-    finally:
-        os.close(fd)
-_HEARTBEATS = {"Embcache-Heartbeat": "1"}
-_KEY_SLOT_STEP = 1 << 20
-
-
 @functools.lru_cache(maxsize=256)
 def _config_header(config: EncoderPreprocessingConfig) -> str:
     """The config as the Embcache-Config header carries it (ASCII JSON)."""
     return json.dumps(config.to_wire(), separators=(",", ":"))
-
-
-class _Episode:
-    """Failures in degrade mode, logged once per episode: the first failure
-    is logged, the ones after it only counted, and the first success after
-    them ends the episode. An episode's lines are at least _QUIET apart: a
-    store outage under which local hits keep succeeding would otherwise
-    start and end an episode with every pair of calls."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.failing = False
-        self.unreported = 0  # failures not yet in a "served again" line
-        self.total = 0
-        self.logged = -_QUIET  # monotonic time of the last line
-
-    def failed(self, what: str, err: BaseException) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.total += 1
-            self.unreported += 1
-            report = not self.failing and now - self.logged >= _QUIET
-            self.failing = True
-            if report:
-                self.logged = now
-        if report:
-            log.warning("embcache: %s failed; calls are served without the cache while it fails: %s", what, err)
-
-    def ok(self) -> None:
-        if not self.failing:  # unlocked read: a stale view only delays the line by one call
-            return
-        now = time.monotonic()
-        with self.lock:
-            # The episode ends with its line: one held back by the quiet
-            # rule comes with a later success (ending it here silently
-            # left an outage shorter than _QUIET without its end).
-            report = self.failing and now - self.logged >= _QUIET
-            n = self.unreported
-            if report:
-                self.failing, self.unreported, self.logged = False, 0, now
-        if report:
-            log.warning("embcache: the cache serves again; %d calls were served without it", n)
-
-
-# The least time between two lines of the degrade log.
-_QUIET = 30.0
-# Timeouts past this are refused (a day): a larger one overflows the
-# socket's, and means "never" better said by a day.
-_MAX_TIMEOUT = 86400.0
 
 
 class EmbeddingCache:
@@ -224,7 +154,9 @@ class EmbeddingCache:
     serves every call without it: get_or_compute returns compute_fn's
     value, get and key calls return None, cleanup_request 0; failures are
     counted (``degraded``) and logged once per episode. "strict" raises the
-    typed error (errors.py) instead.
+    typed error (errors.py) instead. ``policy`` is that choice in this
+    process: a wrapper that composes this client's calls (AsyncEmbeddingCache)
+    reports its failures to ``policy.failed``.
     """
 
     def __init__(self, socket_path: Optional[str] = None, *, enabled: bool = True,
@@ -258,9 +190,9 @@ class EmbeddingCache:
     def _setup(self) -> None:
         """What a client has in the process it is in (not pickled)."""
         self._mappings = Mappings(self._mapping_cache_bytes)
-        self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
-        self._episode = _Episode()
-        _clients.add(self)
+        self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
+        self.policy = Policy(self.strict)  # store_unavailable_mode, in this process
+        _process.at_fork(self, EmbeddingCache._enter_process)
 
     _SETTINGS = ("enabled", "socket_path", "strict", "agent_timeout", "compute_timeout", "_client_base",
                  "_origin_pid", "_mapping_cache_bytes", "_max_idle", "key_slot_max_bytes")
@@ -284,7 +216,7 @@ class EmbeddingCache:
     @property
     def degraded(self) -> int:
         """Calls served without the cache because it failed (degrade mode)."""
-        return self._episode.total
+        return self.policy.total
 
     # -- processes and connections -----------------------------------------
 
@@ -305,7 +237,7 @@ class EmbeddingCache:
             return self._client_base
         return f"{self._client_base or 'py'}-{pid}-{uuid.uuid4().hex[:8]}"
 
-    def _process(self) -> _ProcessState:
+    def _process(self) -> ProcessState:
         """This process's state; a new one if the pid changed. The at-fork
         hook has normally made it already; the pid check also covers a
         fork() that ran no hook (a C extension calling fork directly)."""
@@ -314,16 +246,16 @@ class EmbeddingCache:
             state = self._enter_process()
         return state
 
-    def _enter_process(self) -> _ProcessState:
+    def _enter_process(self) -> ProcessState:
         """Gives the client a state of its own in this (forked) process, and
         disowns the inherited one."""
-        with _enter_lock:
+        with _process.entering():
             inherited = self._state
             if inherited.pid == os.getpid():
                 return inherited  # another thread got here first
             self._mappings.after_fork()
-            self._episode = _Episode()
-            self._state = _ProcessState(self._identity(), self.socket_path, self._max_idle)
+            self.policy = Policy(self.strict)
+            self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
         inherited.pool.disown()
         return self._state
 
@@ -334,7 +266,7 @@ class EmbeddingCache:
     def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, *, retry: bool = False,
               answers: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None,
               conn: Optional[Connection] = None, raw: Optional[Tuple[Any, Mapping[str, str]]] = None,
-              state: Optional[_ProcessState] = None, total: Optional[float] = None,
+              state: Optional[ProcessState] = None, total: Optional[float] = None,
               headers: Optional[Mapping[str, str]] = None) -> Any:
         """Makes a call on a pooled connection (or on conn, which the caller
         holds). answers: the names (key, reservation, client, request_id)
@@ -379,7 +311,7 @@ class EmbeddingCache:
             finally:
                 if conn is None:
                     pool.give(c)
-            self._episode.ok()
+            self.policy.ok()
             return answer
         raise AssertionError("unreachable")
 
@@ -410,14 +342,6 @@ class EmbeddingCache:
             err = {"code": "internal", "error": data.decode(errors="replace")}
         return api_error(status, str(err.get("code", "")), str(err.get("error", "")))
 
-    def _degrade(self, what: str, err: EmbcacheError, value: Any = None) -> None:
-        """In strict mode raises err (carrying value, if compute_fn ran);
-        in degrade mode counts and logs it. BadRequest is raised in both:
-        a wrong key or value is a bug to fix, not an outage to ride out."""
-        if self.strict or isinstance(err, BadRequest):
-            raise with_value(err, value)
-        self._episode.failed(what, err)
-
     def close(self) -> None:
         """Closes this process's idle connections, and each busy one when
         its call ends: the agent releases the pins of a client whose last
@@ -442,7 +366,7 @@ class EmbeddingCache:
         except BadRequest:
             raise  # the config or input is wrong: a bug to fix, not a failure to ride out
         except EmbcacheError as e:
-            self._degrade("key", e)
+            self.policy.failed("key", e)
             return None
         return EmbeddingCacheKey(key=r["key"], tenant=r["tenant"], model=r.get("model", ""),
                                  weight_epoch=r.get("weight_epoch", 0), prefix_keys=tuple(r.get("prefix_keys") or ()))
@@ -452,13 +376,13 @@ class EmbeddingCache:
         connection's key slot (shared memory) and hashed by the agent where
         it lies, or, small or very large, sent as the call's body."""
         headers = {"Embcache-Config": _config_header(config)}
-        mv = _flat(data)
+        mv = _slots.flat(data)
 
         def ask() -> Any:
-            if _KEY_SLOT_MIN <= mv.nbytes <= self.key_slot_max_bytes:
+            if _slots.KEY_SLOT_MIN <= mv.nbytes <= self.key_slot_max_bytes:
                 try:
                     return self._key_in_slot(query, mv, headers)
-                except (StoreFull, _SlotUnusable) as e:  # no room for a slot: the body needs none
+                except (StoreFull, _slots.SlotUnusable) as e:  # no room for a slot: the body needs none
                     log.debug("embcache: key slot: %s; sending the input", e)
             return self._call("POST", "/v1/key/bytes?" + query, raw=(mv, headers), retry=True)
 
@@ -474,20 +398,16 @@ class EmbeddingCache:
             try:
                 slot = conn.key_slot
                 if slot is None or len(slot[1]) < n:
-                    size = -(-n // _KEY_SLOT_STEP) * _KEY_SLOT_STEP
+                    size = _slots.key_slot_size(n)
                     r = self._call("POST", "/v1/key/slot", {"size": size}, conn=conn)
-                    fd = os.open(r["file"], os.O_RDWR)
-                    try:
-                        mm = mmap.mmap(fd, size)
-                    finally:
-                        os.close(fd)
+                    mm = _slots.map_key_slot(r["file"], size)
                     if slot is not None:
                         slot[1].close()
                     slot = conn.key_slot = (r["slot"], mm)
                 slot[1][:n] = mv
             except OSError as e:  # the slot's file: mapping it
                 conn.close()
-                raise _SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
+                raise _slots.SlotUnusable(f"agent at {self.socket_path}: key slot: {e}") from e
             return self._call("POST", f"/v1/key/bytes?{query}&slot={slot[0]}&length={n}", raw=(b"", headers),
                               conn=conn)
 
@@ -535,15 +455,17 @@ class EmbeddingCache:
         """The key of a token sequence; prefix_keys holds each whole block prefix's."""
         if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 0:
             raise InvalidValue(f"block_size is a non-negative integer (0: the default), not {block_size!r}")
-        body = {"config": config.to_wire(), "mode": "tokens", "tokens": _token_list(tokens), "block_size": int(block_size)}
+        body = {"config": config.to_wire(), "mode": "tokens", "tokens": token_list(tokens), "block_size": int(block_size)}
         return self._key(lambda: self._call("POST", "/v1/key", body, retry=True))
 
     # -- the cache ---------------------------------------------------------
 
     def reserve(self, key: EmbeddingCacheKey, request_id: str) -> Union[Embedding, Reservation]:
         """Looks key up: a hit (an Embedding, pinned for request_id), or a
-        Reservation when this process must compute. Waits while another
-        process computes it, up to compute_timeout. Raises (both modes)."""
+        Reservation when this process must compute (commit it or abandon
+        it; ``with reservation:`` abandons it unless committed). Waits
+        while another process computes it, up to compute_timeout. Raises
+        (both modes)."""
         if not self.enabled or key is None:
             raise EmbcacheError("reserve needs a key and an enabled cache (get_or_compute takes None)")
         state = self._process()
@@ -563,6 +485,9 @@ class EmbeddingCache:
 
         return self._on_pooled(state.pool, use)
 
+    # A second name (the agent's call is POST /v1/lookup), kept for the
+    # code that calls it; reserve is the name, as in the RFC's
+    # reserve/commit/abandon.
     lookup = reserve
 
     def _end(self, reservation: Reservation) -> None:
@@ -573,32 +498,37 @@ class EmbeddingCache:
 
     def commit(self, reservation: Reservation, value: Any, dtype: Optional[str] = None,
                shape: Optional[Sequence[int]] = None) -> None:
-        """Hands the computed value to the agent, which shares it with the
-        cluster. Tensor data is written once into a slot file in shared
-        memory (never through the socket); the agent answers as soon as it
-        has the slot, and checksums, stores and commits the value after
-        that, so this returns within a call of the copy. Raises (both
-        modes); get_or_compute is the call that degrades."""
+        """reservation.commit(value, dtype, shape), made by this client."""
+        self._commit(reservation, value, dtype, shape)
+
+    def _commit(self, reservation: Reservation, value: Any, dtype: Optional[str],
+                shape: Optional[Sequence[int]]) -> None:
+        with reservation._lock:  # one verb at a time (see Reservation)
+            self._commit_locked(reservation, value, dtype, shape)
+
+    def _commit_locked(self, reservation: Reservation, value: Any, dtype: Optional[str],
+                       shape: Optional[Sequence[int]]) -> None:
         if reservation.done:
             raise ReservationEnded(410, "reservation_ended", f"{reservation} was already committed or abandoned")
-        p = parts_of(value, dtype, shape)
         client = self.client_id
-        conn = reservation.conn
-        body: Dict[str, Any] = {"reservation": reservation.id, "client": client, "request_id": reservation.request_id,
-                                "kind": p.kind}
-        if p.kind != "tokens":
-            body.update(dtype=p.dtype, shape=list(p.shape))
-        if p.tokens:
-            body["tokens"] = p.tokens
-        mv = _flat(p.data)
+        mv: Optional[memoryview] = None
         own = ""  # a slot file this process made, which no agent may remove
         try:
+            p = parts_of(value, dtype, shape)
+            body: Dict[str, Any] = {"reservation": reservation.id, "client": client,
+                                    "request_id": reservation.request_id, "kind": p.kind}
+            if p.kind != "tokens":
+                body.update(dtype=p.dtype, shape=list(p.shape))
+            if p.tokens:
+                body["tokens"] = p.tokens
+            mv = _slots.flat(p.data)
             if p.kind != "tokens":
                 body["slot"], own = self._write_slot(reservation, mv)
-            self._call("POST", "/v1/commit", body, conn=conn,
+            self._call("POST", "/v1/commit", body, conn=reservation.conn,
                        answers=dict(_key_names(reservation.key), reservation=reservation.id, client=client,
                                     request_id=reservation.request_id))
-        except BaseException:
+        except BaseException as e:
+            reservation._failure = f"commit failed: {type(e).__name__}: {e}"
             # An agent that restarted since the lookup emptied the slot
             # directory before this file was made, and knows nothing of it.
             if own:
@@ -608,39 +538,35 @@ class EmbeddingCache:
                     pass
             raise
         finally:
-            mv.release()
+            if mv is not None:
+                mv.release()
         self._end(reservation)
 
     def _write_slot(self, reservation: Reservation, mv: memoryview) -> Tuple[str, str]:
         """Writes the value's bytes into a slot file; returns the slot's
         name for the commit, and the file's path if this process made it
-        (a failed commit removes it). The file the lookup's answer named is made
-        here (0640: with the agent's --shm-group, that group reads it; no
-        other process can write it; no call); an agent that named none, or a slot
-        directory this process may not write to, gets one by POST
-        /v1/slot. A failed write removes the file: nothing is left in
-        shared memory."""
-        if reservation.slot_file:
-            try:
-                fd = os.open(reservation.slot_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
-            except OSError as e:
-                log.debug("embcache: slot file %s: %s; asking the agent for one", reservation.slot_file, e)
-            else:
-                _write_all(fd, reservation.slot_file, mv)
-                return reservation.id, reservation.slot_file
+        (a failed commit removes it). The file the lookup's answer named is
+        made here (no call); an agent that named none, or a slot directory
+        this process may not write to, gets one by POST /v1/slot. A failed
+        write removes the file: nothing is left in shared memory."""
+        if reservation.slot_file and _slots.create_value(reservation.slot_file, mv):
+            return reservation.id, reservation.slot_file
         # A slot of another reservation would be another key's value.
         slot = self._call("POST", "/v1/slot", {"reservation": reservation.id, "size": mv.nbytes},
                           answers={"reservation": reservation.id}, conn=reservation.conn)
         if mv.nbytes:
-            try:
-                fd = os.open(slot["file"], os.O_WRONLY)
-            except OSError as e:
-                raise AgentUnavailable(f"agent at {self.socket_path}: slot {slot['file']}: {e}") from e
-            _write_all(fd, "", mv)
+            _slots.fill_value(slot["file"], mv)
         return str(slot["slot"]), ""
 
     def abandon(self, reservation: Reservation, reason: str = "") -> None:
-        """Gives the reservation up: another process may compute the key."""
+        """reservation.abandon(reason), made by this client."""
+        self._abandon(reservation, reason)
+
+    def _abandon(self, reservation: Reservation, reason: str) -> None:
+        with reservation._lock:  # one verb at a time (see Reservation)
+            self._abandon_locked(reservation, reason)
+
+    def _abandon_locked(self, reservation: Reservation, reason: str) -> None:
         if reservation.done:
             return
         conn = reservation.conn
@@ -648,22 +574,13 @@ class EmbeddingCache:
             if conn is not None and conn.closed:
                 return  # its connection closed: the agent has ended it already
             self._call("POST", "/v1/abandon", {"reservation": reservation.id, "reason": reason}, conn=conn)
-        except (ReservationEnded, APIError) as e:
-            if not isinstance(e, ReservationEnded) and getattr(e, "status", 0) not in (404, 410):
-                raise
-        finally:
-            self._end(reservation)
-
-    def _abandon_quietly(self, reservation: Reservation, reason: str) -> None:
-        try:
-            self.abandon(reservation, reason)
-        except EmbcacheError as e:
-            # The reservation ends with its connection, or at the compute
-            # timeout: nothing is lost but time.
-            log.debug("embcache: abandon failed: %s", e)
-            conn = reservation.conn
+        except BaseException as e:
+            if isinstance(e, ReservationEnded) or (isinstance(e, APIError) and e.status in (404, 410)):
+                return  # ended already
             if conn is not None:
-                conn.close()
+                conn.close()  # not back into the pool still holding the reservation
+            raise
+        finally:
             self._end(reservation)
 
     def get(self, key: Optional[EmbeddingCacheKey], request_id: str) -> Optional[Embedding]:
@@ -682,7 +599,7 @@ class EmbeddingCache:
                 return None
             return self._embedding(key, r)
         except EmbcacheError as e:
-            self._degrade("get", e)
+            self.policy.failed("get", e)
             return None
 
     def put(self, key: Optional[EmbeddingCacheKey], value: Any) -> bool:
@@ -697,21 +614,18 @@ class EmbeddingCache:
         try:
             got = self.reserve(key, request_id)
         except EmbcacheError as e:
-            self._degrade("put", e, value)
+            self.policy.failed("put", e, value)
             return False
         if isinstance(got, Embedding):
             got.close()
             self.cleanup_request(request_id)
             return False
-        try:
-            self.commit(got, value)
-        except EmbcacheError as e:
-            self._abandon_quietly(got, f"commit failed: {e}")
-            self._degrade("put", e, value)
-            return False
-        except BaseException:
-            self._abandon_quietly(got, "commit interrupted")
-            raise
+        with got:  # abandoned on the way out unless committed
+            try:
+                got.commit(value)
+            except EmbcacheError as e:
+                self.policy.failed("put", e, value)
+                return False
         return True
 
     def get_or_compute(self, key: Optional[EmbeddingCacheKey], compute_fn: Callable[[], T],
@@ -727,23 +641,16 @@ class EmbeddingCache:
         try:
             got = self.reserve(key, request_id)
         except EmbcacheError as e:
-            self._degrade("lookup", e)
+            self.policy.failed("lookup", e)
             return compute_fn()
         if isinstance(got, Embedding):
             return got
-        try:
+        with got:  # abandoned on the way out unless committed
             value = compute_fn()
-        except BaseException as e:
-            self._abandon_quietly(got, f"compute_fn raised {type(e).__name__}: {e}")
-            raise
-        try:
-            self.commit(got, value)
-        except EmbcacheError as e:
-            self._abandon_quietly(got, f"commit failed: {e}")
-            self._degrade("commit", e, value)
-        except BaseException:
-            self._abandon_quietly(got, "commit interrupted")
-            raise
+            try:
+                got.commit(value)
+            except EmbcacheError as e:
+                self.policy.failed("commit", e, value)
         return value
 
     def cleanup_request(self, request_id: str) -> int:
@@ -756,7 +663,7 @@ class EmbeddingCache:
             r = self._call("POST", "/v1/release", {"client": client, "request_id": request_id},
                            answers={"client": client, "request_id": request_id}, retry=True)
         except EmbcacheError as e:
-            self._degrade("cleanup_request", e)
+            self.policy.failed("cleanup_request", e)
             return 0
         return int(r["released"])
 
@@ -769,8 +676,11 @@ class EmbeddingCache:
             try:
                 out = dict(self._call("GET", "/v1/stats", retry=True))
             except EmbcacheError as e:
-                self._degrade("stats", e)
+                self.policy.failed("stats", e)
         out["client"] = {"degraded": self.degraded, "open_connections": self.open_connections(),
                          "client_id": self.client_id}
         return out
 
+
+if TYPE_CHECKING:  # pragma: no cover - mypy checks that the client makes keys for EmbeddingCacheKey's constructors
+    _: Type[KeySource] = EmbeddingCache

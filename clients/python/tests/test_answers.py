@@ -10,9 +10,11 @@ import shutil
 import socketserver
 import tempfile
 import threading
+import time
 import unittest
 
-from embcache import AnswerMismatch, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation, Tensor
+from embcache import (AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation,
+                      StoreFull, Tensor, Tokens)
 
 from .test_fork import fork_call, join_child
 
@@ -149,6 +151,85 @@ class AnswerCheckTest(unittest.TestCase):
         fake = self.agent(lambda path, body: (404, {"error": "unknown reservation", "code": "not_found"}, "x.1"))
         with self.assertRaises(AnswerMismatch):
             self.client(fake).abandon(Reservation(None, KEY, "res-1", "r1"))
+
+    def test_a_refused_abandon_closes_the_reservations_connection(self):
+        # The agent did not take the abandon (a 500): the connection holding
+        # the reservation is closed, not pooled, so the agent ends it now
+        # rather than at the compute timeout.
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            return 500, {"error": "boom", "code": "internal"}, None
+
+        fake = self.agent(answer)
+        cache = self.client(fake)
+        got = cache.reserve(KEY, "r1")
+        conn = got.conn
+        with self.assertRaises(APIError):
+            cache.abandon(got, "encoder OOM")
+        self.assertTrue(conn.closed)
+        self.assertTrue(got.done)
+        self.assertEqual(cache.open_connections(), 0)
+
+    def test_a_with_block_abandons_with_its_reason(self):
+        # The reason the agent tells the key's waiters: the exception that
+        # left the block, or the commit's failure.
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            if path == "/v1/abandon":
+                return 204, None, None
+            return 503, {"error": "no room", "code": "no_space"}, None
+
+        fake = self.agent(answer)
+        cache = self.client(fake)
+        with self.assertRaises(ZeroDivisionError):
+            with cache.reserve(KEY, "r1"):
+                1 / 0
+        with cache.reserve(KEY, "r1") as got:
+            with self.assertRaises(StoreFull):
+                got.commit(Tokens([1, 2]))
+        with cache.reserve(KEY, "r1"):
+            pass
+        reasons = [body["reason"] for path, body in fake.calls if path == "/v1/abandon"]
+        self.assertEqual(reasons, ["ZeroDivisionError: division by zero",
+                                   "commit failed: StoreFull: agent: 503 no_space: no room", "not committed"])
+
+    def test_an_abandon_waits_for_the_commit_in_flight(self):
+        # A cancelled asyncio task, or a publisher's drop, abandons from
+        # another thread: it waits for the commit on the same connection,
+        # then finds the reservation ended and sends nothing.
+        committing = threading.Event()
+
+        def answer(path, body):
+            if path == "/v1/lookup":
+                return 200, lookup_answer(body), None
+            if path == "/v1/commit":
+                committing.set()
+                time.sleep(0.3)
+                return 200, {"status": "hit", "reservation": body["reservation"], "key": KEY.key,
+                             "tenant": KEY.tenant, "model": KEY.model, "weight_epoch": KEY.weight_epoch,
+                             "client": body["client"], "request_id": body["request_id"]}, None
+            return 204, None, None
+
+        fake = self.agent(answer)
+        got = self.client(fake).reserve(KEY, "r1")
+        errors = []
+
+        def commit():
+            try:
+                got.commit(Tokens([1, 2]))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        t = threading.Thread(target=commit)
+        t.start()
+        self.assertTrue(committing.wait(10))
+        got.abandon("the caller was cancelled")
+        t.join(10)
+        self.assertEqual(errors, [])
+        self.assertTrue(got.done)
+        self.assertNotIn("/v1/abandon", [p for p, _ in fake.calls])
 
     def test_slot_of_another_reservation_is_not_written(self):
         slot_file = os.path.join(tempfile.mkdtemp(prefix="embcache-slot-"), "slot")

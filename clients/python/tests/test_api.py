@@ -287,6 +287,42 @@ class AsyncTest(harness.ClusterCase):
 
         asyncio.run(main())
 
+    def test_async_compute_that_fails_or_is_cancelled_gives_the_key_back(self):
+        async def main():
+            cache = AsyncEmbeddingCache(self.sock, store_unavailable_mode="strict")
+            other = EmbeddingCache(self.sock, store_unavailable_mode="strict", compute_timeout=10)
+            try:
+                key = await cache.key_from_raw_bytes(harness.config(), b"async-give-back")
+
+                async def fails():
+                    raise ZeroDivisionError("encoder")
+
+                with self.assertRaises(ZeroDivisionError):
+                    await cache.get_or_compute(key, fails, "r1")
+                again = await asyncio.wait_for(asyncio.to_thread(other.reserve, key, "o"), 30)
+                self.assertIsInstance(again, Reservation)
+                again.abandon()
+
+                started = asyncio.Event()
+
+                async def hangs():
+                    started.set()
+                    await asyncio.sleep(60)
+
+                task = asyncio.ensure_future(cache.get_or_compute(key, hangs, "r1"))
+                await started.wait()
+                task.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await task
+                again = await asyncio.wait_for(asyncio.to_thread(other.reserve, key, "o"), 30)
+                self.assertIsInstance(again, Reservation)
+                again.abandon()
+            finally:
+                await cache.close()
+                other.close()
+
+        asyncio.run(main())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -9,7 +9,8 @@ import threading
 import unittest
 from unittest import mock
 
-from embcache import AgentUnavailable, BadRequest, Embedding, EmbeddingCache, Reservation, StageCacheConfig, Tensor
+from embcache import (AgentUnavailable, BadRequest, Embedding, EmbeddingCache, Reservation, ReservationEnded,
+                      StageCacheConfig, Tensor)
 
 from . import harness
 
@@ -81,6 +82,28 @@ class ClientTest(harness.ClusterCase):
         stats = self.cache.stats()
         self.assertGreaterEqual(stats["agent"]["abandons"], 1)
         self.assertGreaterEqual(stats["agent"]["commits"], 1)
+
+    def test_a_reservation_commits_and_abandons_itself(self):
+        # In a with block it is abandoned on the way out unless committed.
+        key = self.cache.key_from_raw_bytes(harness.config(), b"image-verbs")
+        got = self.cache.reserve(key, "r1")
+        self.assertIsInstance(got, Reservation)
+        with self.assertRaises(ZeroDivisionError):
+            with got:
+                1 / 0
+        self.assertTrue(got.done)
+        got.abandon("again")  # ended already: nothing to do
+        again = self.cache.reserve(key, "r1")  # given back: this process may take it again
+        self.assertIsInstance(again, Reservation)
+        with again:
+            again.commit(Tensor(b"abcd", "uint8", (4,)))
+        self.assertTrue(again.done)
+        with self.assertRaises(ReservationEnded):
+            again.commit(Tensor(b"abcd", "uint8", (4,)))
+        hit = self.cache.reserve(key, "r1")
+        self.assertEqual(hit.tobytes(), b"abcd")
+        hit.close()
+        self.cache.cleanup_request("r1")
 
     def test_compute_error_abandons(self):
         key = self.cache.key_from_raw_bytes(harness.config(), b"image-error")
@@ -157,7 +180,7 @@ class ClientTest(harness.ClusterCase):
 
 class MappingsTest(unittest.TestCase):
     def test_reuse_remap_and_bound(self):
-        from embcache.values import Mappings as _Mappings
+        from embcache.embedding import Mappings as _Mappings
 
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d)
@@ -257,7 +280,7 @@ class MappingsTest(unittest.TestCase):
         # A file replaced between the agent's answer and the map (the key
         # computed again, to other bytes) was mapped, and kept, under the
         # answer's checksum (a helper's hunt found it).
-        from embcache.values import Mappings
+        from embcache.embedding import Mappings
         from embcache import EmbcacheError
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d)

@@ -16,7 +16,7 @@ from unittest import mock
 from embcache import (AgentTimeout, AgentUnavailable, ComputeTimeout, Embedding, EmbeddingCache, EmbeddingCacheKey,
                       InvalidValue, Reservation, StoreFull, StoreUnavailable, Tensor)
 
-import embcache.client
+import embcache._degrade
 
 from . import harness
 
@@ -148,7 +148,7 @@ class AgentFailureTest(unittest.TestCase):
         proc.send_signal(signal.SIGCONT)
         # The agent answers again: the episode ends, with one line (once the
         # quiet time since the episode's first line has passed).
-        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
+        with mock.patch.object(embcache._degrade, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
             harness.wait_until(lambda: degrade.key_from_raw_bytes(harness.config(), b"hung") == key,
                                what="the agent answering again")
         self.assertIn("serves again", logs.records[-1].getMessage())
@@ -219,14 +219,14 @@ class EpisodeTest(unittest.TestCase):
     def test_a_flapping_store_logs_once(self):
         # Under a store outage, local hits succeed between failures: one
         # line, not one per pair of calls.
-        ep = embcache.client._Episode()
+        ep = embcache._degrade.Policy()
         with self.assertLogs("embcache", "WARNING") as logs:
             for _ in range(20):
                 ep.failed("get", RuntimeError("store unavailable"))
                 ep.ok()
         self.assertEqual(len(logs.records), 1, [r.getMessage() for r in logs.records])
         self.assertEqual(ep.total, 20)
-        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
+        with mock.patch.object(embcache._degrade, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
             ep.failed("get", RuntimeError("again"))
             ep.ok()
         self.assertIn("21 calls were served without it", logs.records[-1].getMessage())
@@ -235,12 +235,12 @@ class EpisodeTest(unittest.TestCase):
         # The first success comes within the quiet time of the failure's
         # line: the end is logged with the first success after it, not
         # dropped (a new user's walkthrough found it).
-        ep = embcache.client._Episode()
+        ep = embcache._degrade.Policy()
         with self.assertLogs("embcache", "WARNING") as logs:
             ep.failed("get", RuntimeError("store unavailable"))
             ep.ok()
         self.assertEqual(len(logs.records), 1, [r.getMessage() for r in logs.records])
-        with mock.patch.object(embcache.client, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
+        with mock.patch.object(embcache._degrade, "_QUIET", 0.0), self.assertLogs("embcache", "WARNING") as logs:
             ep.ok()
         self.assertIn("the cache serves again; 1 calls were served without it", logs.records[-1].getMessage())
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..client import EmbeddingCache, Reservation
-from ..config import EmbeddingCacheKey, EncoderPreprocessingConfig
+from ..embedding import Embedding
 from ..errors import EmbcacheError
-from ..values import Embedding
+from ..key import EmbeddingCacheKey, EncoderPreprocessingConfig
 from ._base import ECConnectorBase, ECConnectorMetadata, ECConnectorRole
 from .keys import MODALITIES, preprocessing_config
 from .publisher import BoundedPublisher
@@ -392,7 +392,7 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
         def publish() -> None:
             if done is not None:
                 done.synchronize()
-            self._cache.commit(res, t.contiguous())
+            res.commit(t.contiguous())
             self._count("saves")
 
         nbytes = t.numel() * t.element_size()
@@ -402,9 +402,10 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
 
     def _give_up(self, r: Reservation, why: str) -> None:
         """Abandons r unless it has ended (committed, or ended by the agent);
-        a failure is logged: the agent ends it at its compute timeout."""
+        a failure is logged: the agent ends it when the connection holding
+        it closes, or at its compute timeout."""
         try:
-            self._cache.abandon(r, why)
+            r.abandon(why)
         except EmbcacheError as e:
             log.debug("embcache: abandon of %s failed: %s", r, e)
 

@@ -18,7 +18,7 @@ import hashlib
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..config import EncoderPreprocessingConfig
+from ..key import EncoderPreprocessingConfig
 
 # The modalities vLLM names that an encoder's output is cached for, as the
 # preprocessing config spells them.
