@@ -31,8 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from embcache.vllm import EmbcacheECConnector  # noqa: E402
-from embcache.vllm._base import ECConnectorRole  # noqa: E402
+from embcache.vllm import ECConnectorRole, EmbcacheECConnector  # noqa: E402
 
 PROCESSORS = {"image": {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 12845056,
                         "image_mean": [0.48145466, 0.4578275, 0.40821073],

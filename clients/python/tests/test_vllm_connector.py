@@ -107,8 +107,8 @@ def run_engine(name: str, sock, requests, out, extra=None) -> None:
     every request has run one step. Puts its report on out: among it, the
     longest time a step spent in the connector's calls (the rest is the
     driver's: the stand-in encoder and the checks)."""
-    from embcache.vllm import EmbcacheECConnector
-    from embcache.vllm._base import ECConnectorRole
+    from embcache import EmbeddingCache
+    from embcache.vllm import ECConnectorRole, EmbcacheECConnector
 
     sched = Timed(EmbcacheECConnector(vllm_config(sock, 0, extra), ECConnectorRole.SCHEDULER))
     workers = [Timed(EmbcacheECConnector(vllm_config(sock, rank, extra), ECConnectorRole.WORKER)) for rank in range(TP)]
@@ -164,20 +164,33 @@ def run_engine(name: str, sock, requests, out, extra=None) -> None:
         longest_step = max(longest_step, sum(c.spent for c in [sched, *workers]))
         if not scheduled:
             time.sleep(0.002)  # every waiting request is deferred: the engine idles a step
+    # What the engine still pins on its agent, before shutdown (which would
+    # release it anyway). request_finished releases pins on the lookup
+    # threads: they are given up to 5 s.
+    probe = EmbeddingCache(sock) if sock is not None else EmbeddingCache()
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            pins = probe.stats().get("cache", {}).get("Local", {}).get("Pinned")  # None without an agent
+            if not pins or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    finally:
+        probe.close()
     stats = sched.stats()
     wstats = [w.stats() for w in workers]
     for w in workers:
         w.shutdown()
     sched.shutdown()
     out.put(dict(name=name, forwards=dict(forwards), wrong=wrong, longest_step=longest_step, deferred=deferred,
-                 sched=stats, workers=wstats))
+                 sched=stats, workers=wstats, pins=pins))
 
 
 @unittest.skipIf(torch is None, "torch is not installed (make test installs python3-torch)")
 class ConnectorDriverTest(ClusterCase):
     AGENTS = ("n1", "n2")
 
-    def drive(self, n_requests, n_images, engines, seed=7):
+    def drive(self, n_requests, n_images, engines, seed=7, pins_per_engine=False):
         """Runs engines over n_requests requests of 1-3 of n_images images
         (Zipf-like reuse) and checks: each item computed once in the
         cluster, every rank's tensor the reference's, no step spending
@@ -210,6 +223,8 @@ class ConnectorDriverTest(ClusterCase):
         self.assertEqual(twice, {}, "items computed more than once in the cluster: "
                          + "; ".join(f"{r['name']}: {r['sched']} {r['workers']}" for r in reports))
         self.assertEqual(set(forwards), distinct, "every item computed somewhere")
+        if pins_per_engine:
+            self.assertEqual([r["pins"] for r in reports], [0] * engines, "pins left when the last request finished")
         longest = max(r["longest_step"] for r in reports)
         self.assertLess(longest, 2.0, "a step spent that long in the connector")
         for sock in (self.sock, self.sock2):
@@ -229,7 +244,10 @@ class ConnectorDriverTest(ClusterCase):
         print("\n" + self.drive(200, 40, 3))
 
     def test_a_thousand_requests_leave_no_pin(self):
-        print("\n" + self.drive(1000, 120, 2, seed=11))
+        """Each of the two engines has an agent of its own: what that agent
+        pins when the engine's last request has finished, before the
+        engine shuts down, is what request_finished left."""
+        print("\n" + self.drive(1000, 120, 2, seed=11, pins_per_engine=True))
 
 
 if __name__ == "__main__":

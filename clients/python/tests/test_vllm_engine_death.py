@@ -22,8 +22,7 @@ torch = optional("torch")
 DYING = """
 import sys, time
 from tests.test_vllm_connector import request, vllm_config
-from embcache.vllm import EmbcacheECConnector
-from embcache.vllm._base import ECConnectorRole
+from embcache.vllm import ECConnectorRole, EmbcacheECConnector
 sched = EmbcacheECConnector(vllm_config(sys.argv[1]), ECConnectorRole.SCHEDULER)
 req = request("dying", [int(sys.argv[2])], "death")
 while not sched.ensure_cache_available(req, 0):
@@ -38,8 +37,7 @@ class EngineDeathTest(ClusterCase):
     AGENTS = ("n1", "n2")
 
     def test_a_dead_engines_item_is_computed_by_the_next(self):
-        from embcache.vllm import EmbcacheECConnector
-        from embcache.vllm._base import ECConnectorRole
+        from embcache.vllm import ECConnectorRole, EmbcacheECConnector
 
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.path.dirname(HERE))
         dying = subprocess.Popen([sys.executable, "-c", DYING, self.sock, "1"], stdout=subprocess.PIPE,

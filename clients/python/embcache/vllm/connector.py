@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import logging
 import threading
 import time
@@ -161,10 +162,11 @@ def _device(vllm_config: Any) -> Any:
     return getattr(dc, "device", None) or "cpu"
 
 
-def pin_name(identifier: str) -> str:
-    """The request id an item's pin and reservation are kept under: one
-    per item, released when the last request using it finishes."""
-    return "ec-" + hashlib.sha256(identifier.encode()).hexdigest()[:40]
+def pin_name(identifier: str, n: int) -> str:
+    """The request id the agent keeps an item's pins and reservation
+    under: one per item while requests use it (n tells apart its turns:
+    the release of one, which runs on a thread, never takes the next's)."""
+    return f"ec-{hashlib.sha256(identifier.encode()).hexdigest()[:40]}-{n}"
 
 
 class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
@@ -205,6 +207,7 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
         self._requests: Dict[str, Any] = {}
         self._loads: Dict[str, LoadSpec] = {}
         self._to_abandon: List[Tuple[float, Reservation]] = []
+        self._turns = itertools.count()
 
     def _lookup(self, identifier: str, modality: str, pin: str) -> Tuple[str, Any, Any]:
         """On a lookup thread: ("hit", key, value), ("reserved", key,
@@ -264,7 +267,7 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
                 continue  # its tokens are computed (a prefix cache hit): not needed
             item = self._items.get(f.identifier)
             if item is None:
-                item = _Item(pin=pin_name(f.identifier))
+                item = _Item(pin=pin_name(f.identifier, next(self._turns)))
                 self._items[f.identifier] = item
             self._look_up(item, f.identifier, f.modality)
             item.requests.add(request.request_id)
@@ -328,28 +331,40 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
         return False, None
 
     def _end(self, item: _Item) -> None:
+        """Gives back what item holds, on a lookup thread: the scheduler
+        waits for no agent call."""
         if item.lookup is not None:  # still waiting: its answer, when it comes, is given back
             item.lookup.add_done_callback(lambda fut: self._give_back(item.pin, fut.result()))
             return
-        if item.reservation is not None:  # reserved, never scheduled for the encoder
-            self._give_up(item.reservation, "no request needs the item any more")
-        # Its pins, from every lookup of it that hit.
-        self._cache.cleanup_request(item.pin)
+        reservation = item.reservation  # reserved, never scheduled for the encoder
+
+        def end() -> None:
+            if reservation is not None:
+                self._give_up(reservation, "no request needs the item any more")
+            self._release(item.pin)  # its pins, from every lookup of it that hit
+
+        self._lookups.submit(end)
+
+    def _release(self, pin: str) -> None:
+        try:
+            self._cache.cleanup_request(pin)
+        except EmbcacheError as e:  # strict mode: the agent ends the pins with the connection
+            log.warning("embcache: releasing %s failed: %s", pin, e)
 
     def _give_back(self, pin: str, answer: Tuple[str, Any, Any]) -> None:
         status, _, got = answer
         if status == "reserved":
             self._give_up(got, "no request needs the item any more")
         elif status == "hit":
-            self._cache.cleanup_request(pin)
+            self._release(pin)
 
     def _abandon_due(self, now: float) -> None:
         due = [r for t, r in self._to_abandon if t <= now]
         self._to_abandon = [(t, r) for t, r in self._to_abandon if t > now]
         for r in due:
             # Committed by rank 0 meanwhile: the agent answers that it ended
-            # (committed), and nothing is given back.
-            self._give_up(r, "the engine did not commit the item")
+            # (committed), and nothing is given back. On a lookup thread.
+            self._lookups.submit(self._give_up, r, "the engine did not commit the item")
 
     def update_connector_output(self, connector_output: Any) -> None:
         return None
