@@ -40,6 +40,12 @@ class KeysTest(unittest.TestCase):
             preprocessing_config(**dict(BASE, modality="text"))
         with self.assertRaisesRegex(ValueError, "image_std"):
             preprocessing_config(**dict(BASE, processor=dict(BASE["processor"], image_std=[0.5, 0.5])))
+        for missing in ("image_mean", "image_std"):  # an empty processor config keys nothing
+            proc = {k: v for k, v in BASE["processor"].items() if k != missing}
+            with self.assertRaisesRegex(ValueError, "image_mean and image_std"):
+                preprocessing_config(**dict(BASE, processor=proc))
+        with self.assertRaisesRegex(ValueError, "image_mean and image_std"):
+            preprocessing_config(**dict(BASE, processor={}))
 
     def test_image_sizes(self):
         for proc, want in (({"size": {"width": 448, "height": 336}}, ((448, 336), "fixed")),

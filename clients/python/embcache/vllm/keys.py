@@ -102,8 +102,11 @@ def preprocessing_config(*, model_id: str, revision: Optional[str], hf_config: M
     if modality in ("image", "video"):
         size, how = image_size_of(processor)
         kind = str(processor.get("image_processor_type") or processor.get("video_processor_type") or "hf")
-        mean = _floats(processor.get("image_mean"), (0.0,))
-        std = _floats(processor.get("image_std"), (1.0,) * len(mean))
+        mean, std = _floats(processor.get("image_mean"), ()), _floats(processor.get("image_std"), ())
+        if not mean or not std:
+            raise ValueError(f"{modality} items cannot be keyed without the image processor's image_mean and "
+                             f"image_std (the processor config has {processor.get('image_mean')!r}, "
+                             f"{processor.get('image_std')!r}): give its whole config")
         if len(std) != len(mean) or not all(std):
             raise ValueError(f"the processor's image_std {std} does not match its image_mean {mean}")
         fields.update(resize_mode=f"{kind}:{how}", image_size=size,
