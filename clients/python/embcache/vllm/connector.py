@@ -246,7 +246,9 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
         else:
             item.off = True
             self._count("lookup_failures")
-            log.debug("embcache: item computed unshared: %s", got)
+            n = self.stats()["lookup_failures"]
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never silent, never a flood
+                log.warning("embcache: an item computed here, unshared (%d so far): %s", n, got)
         return True
 
     def _look_up(self, item: _Item, identifier: str, modality: str) -> None:
