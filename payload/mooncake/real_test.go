@@ -228,7 +228,7 @@ func TestRealMooncakeRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.remove(loc); err != nil {
+	if err := s.remove(loc, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
@@ -236,14 +236,18 @@ func TestRealMooncakeRoundTrip(t *testing.T) {
 	}
 }
 
-// Delete removes an object a reader got a moment ago, and a Put of other
-// bytes replaces one: Mooncake leases an object to its readers (refusing
-// remove(force=0), -706, for about 10 s after a get), and both read the
-// object first to check what it holds. (Unforced, neither ever succeeded
-// against a real store.)
-func TestRealMooncakeDeleteAfterAGet(t *testing.T) {
+// Delete never removes an object under a reader: Mooncake leases an
+// object to each reader (here for 1 s, --default_kv_lease_ttl), and
+// refuses an unforced remove meanwhile. Delete's own check of the bytes
+// is such a read: the first Delete is ErrBusy, and one after the lease
+// lapsed removes the object without reading it again; while a reader keeps
+// reading, Delete stays ErrBusy and the object stays. A Put of other bytes
+// (the key's value after an invalidation) replaces an object a reader just
+// got. The waits are the server's lease, in real time.
+func TestRealMooncakeDeletesWaitForReaders(t *testing.T) {
+	const lease = time.Second
 	dir := realMooncake(t)
-	c := startMaster(t, dir)
+	c := startMaster(t, dir, "--default_kv_lease_ttl=1000")
 	startHolder(t, c, 64<<20)
 	s, err := Open(c.config("n1", 0))
 	if err != nil {
@@ -254,38 +258,61 @@ func TestRealMooncakeDeleteAfterAGet(t *testing.T) {
 	o := obj
 	o.Key[2] = 0x42
 	v := value(1 << 20)
+	present := func(loc payload.Location) bool {
+		t.Helper()
+		ok, err := s.exists(loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	read := func(loc payload.Location) {
+		t.Helper()
+		got, err := s.Get(ctx, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Close()
+	}
+
 	loc, err := s.Put(ctx, o, v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Get(ctx, loc)
-	if err != nil {
-		t.Fatal(err)
+	read(loc) // a reader
+	if err := s.Delete(ctx, loc, payload.Generation{}); !errors.Is(err, ErrBusy) || !present(loc) {
+		t.Fatalf("a delete while a reader holds the object: %v, present %v; want ErrBusy and the object kept", err, present(loc))
 	}
-	got.Close()
-	start := time.Now()
-	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil {
-		t.Fatalf("delete %v after a get: %v", time.Since(start), err)
+	time.Sleep(lease + 500*time.Millisecond) // every lease lapsed, the delete's own check's too
+	if err := s.Delete(ctx, loc, payload.Generation{}); err != nil || present(loc) {
+		t.Fatalf("a delete after the leases: %v, present %v; want it removed", err, present(loc))
 	}
-	if _, err := s.Get(ctx, loc); !errors.Is(err, payload.ErrNotFound) {
-		t.Fatalf("after delete: %v, want ErrNotFound", err)
-	}
-	// A put of other bytes under a name a reader just got (the key's value
-	// after an invalidation) replaces them.
+
+	// A reader that keeps reading keeps the object.
 	if loc, err = s.Put(ctx, o, v); err != nil {
 		t.Fatal(err)
 	}
-	if got, err = s.Get(ctx, loc); err != nil {
-		t.Fatal(err)
+	time.Sleep(lease + 500*time.Millisecond) // the put's own check's lease
+	if err := s.Delete(ctx, loc, payload.Generation{}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("the first delete (its own check): %v, want ErrBusy", err)
 	}
-	got.Close()
+	time.Sleep(lease / 2)
+	read(loc) // the reader again, before the check's lease lapsed
+	time.Sleep(lease/2 + 300*time.Millisecond)
+	if err := s.Delete(ctx, loc, payload.Generation{}); !errors.Is(err, ErrBusy) || !present(loc) {
+		t.Fatalf("a delete while the reader's lease holds: %v, present %v; want ErrBusy and the object kept", err, present(loc))
+	}
+
+	// Other bytes replace an object a reader just got.
+	read(loc)
 	other := value(1 << 20)
 	other.Tensor.Data[0]++
 	newLoc, err := s.Put(ctx, o, other)
 	if err != nil {
 		t.Fatalf("a put of other bytes after a get: %v", err)
 	}
-	if got, err = s.Get(ctx, newLoc); err != nil || !bytes.Equal(got.Tensor.Data, other.Tensor.Data) {
+	got, err := s.Get(ctx, newLoc)
+	if err != nil || !bytes.Equal(got.Tensor.Data, other.Tensor.Data) {
 		t.Fatalf("the new bytes: %v", err)
 	}
 	got.Close()

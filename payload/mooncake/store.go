@@ -95,6 +95,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/embcache/embcache/payload"
@@ -124,10 +125,11 @@ type Store struct {
 
 	ops sync.WaitGroup // calls in progress; Close waits for them
 
-	mu      sync.Mutex
-	closed  bool
-	buffers [64][]unsafe.Pointer // registered free buffers by size class; guarded by mu
-	owned   []unsafe.Pointer     // every registered buffer, freed on Close; guarded by mu
+	mu       sync.Mutex
+	closed   bool
+	buffers  [64][]unsafe.Pointer      // registered free buffers by size class; guarded by mu
+	owned    []unsafe.Pointer          // every registered buffer, freed on Close; guarded by mu
+	verified map[string]verifiedObject // Delete's checks of objects' bytes, by object; guarded by mu
 }
 
 // Open loads the library and sets the store up. The error wraps
@@ -152,7 +154,7 @@ func Open(cfg Config) (*Store, error) {
 		C.free(unsafe.Pointer(api))
 		return nil, fmt.Errorf("%w: %s: %s", ErrLibrary, cfg.Library, msg)
 	}
-	s := &Store{cfg: cfg, api: api}
+	s := &Store{cfg: cfg, api: api, verified: map[string]verifiedObject{}}
 	s.store = C.mc_create(api)
 	if s.store == nil {
 		s.release()
@@ -220,6 +222,27 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 	return loc, nil
 }
 
+// exists reports whether the store has loc's object (is_exist: no read,
+// no lease).
+func (s *Store) exists(loc payload.Location) (bool, error) {
+	obj, err := loc.ObjectID()
+	if err != nil {
+		return false, err
+	}
+	key := C.CString(objectName(obj))
+	defer C.free(unsafe.Pointer(key))
+	if err := s.use(); err != nil {
+		return false, err
+	}
+	defer s.done()
+	switch rc := C.mc_is_exist(s.api, s.store, key); {
+	case rc < 0:
+		return false, &CodeError{Op: "is_exist", Code: int64(rc)}
+	default:
+		return rc == 1, nil
+	}
+}
+
 // holds reports whether the store has loc's object with loc's bytes. An
 // object with other bytes is removed (false, nil); one that cannot be
 // removed is the error.
@@ -232,7 +255,7 @@ func (s *Store) holds(ctx context.Context, loc payload.Location) (bool, error) {
 	case errors.Is(err, payload.ErrNotFound):
 		return false, nil
 	case errors.Is(err, payload.ErrCorrupt):
-		return false, s.remove(loc)
+		return false, s.remove(loc, true) // another value's bytes: forced (see remove)
 	}
 	return false, err // unavailable, busy: not a reason to remove anything
 }
@@ -290,31 +313,76 @@ func (s *Store) Generation(context.Context, payload.Location) (payload.Generatio
 	return payload.Generation{}, nil
 }
 
-// Delete removes the object if it still holds loc's bytes; a value put in
-// its place since stays. An absent object is not an error. seen is ignored: a Put
-// of the same bytes between the caller's look at the key's record and
-// this delete is not told apart from the object it saw, and is removed
-// (docs/protocol.md 2.2).
+// verifiedFor is how long Delete trusts its own check of an object's
+// bytes: the object is read (leased) once, and removed by a later Delete
+// once that lease has lapsed, without reading it again.
+const verifiedFor = 2 * time.Minute
+
+// Delete removes the object if it holds loc's bytes, and if no reader
+// holds it: Mooncake leases an object to each reader, for about 10 s
+// after a get (the master's --default_kv_lease_ttl), and the remove is not
+// forced, so none is removed under a reader. Delete checks the bytes with
+// a get of its own, which leases the object too: the first Delete of an
+// object returns ErrBusy, and one after the lease has lapsed (within
+// verifiedFor of the check, without reading it again) removes it, or
+// returns ErrBusy again while readers keep reading it. Callers try again
+// later (the reconciler a few times, then its sweep). An absent object,
+// or one with other bytes, is not an error. seen is ignored: the same
+// bytes put again between the caller's look at the key's record and this
+// delete, or within verifiedFor of the check another value put in its
+// place, are not told apart from the object checked, and are removed
+// (docs/protocol.md 2.4).
 func (s *Store) Delete(ctx context.Context, loc payload.Location, _ payload.Generation) error {
-	v, err := s.Get(ctx, loc)
-	switch {
-	case errors.Is(err, payload.ErrNotFound), errors.Is(err, payload.ErrCorrupt):
-		return nil // gone, or other bytes now
-	case err != nil:
-		return err
+	if !s.checked(loc) {
+		v, err := s.Get(ctx, loc)
+		switch {
+		case errors.Is(err, payload.ErrNotFound), errors.Is(err, payload.ErrCorrupt):
+			return nil // gone, or other bytes now
+		case err != nil:
+			return err
+		}
+		v.Close()
+		s.mu.Lock()
+		s.verified[loc.Object] = verifiedObject{sum: loc.Checksum, at: time.Now()}
+		s.mu.Unlock()
 	}
-	v.Close()
-	return s.remove(loc)
+	err := s.remove(loc, false)
+	if !errors.Is(err, ErrBusy) {
+		s.mu.Lock()
+		delete(s.verified, loc.Object)
+		s.mu.Unlock()
+	}
+	return err
 }
 
-// remove removes loc's object, whatever it holds. It is forced: Mooncake
-// leases an object to each reader (its get, and the check of its bytes
-// that Delete and Put make first) and refuses an unforced remove for the
-// lease's length (about 10 s, -706), so an unforced remove after that
-// check never succeeded against a real store. A reader whose object is
-// removed under it gets an error or bytes that fail its checksum, never a
-// value: every reader verifies what it got (docs/protocol.md 2.4).
-func (s *Store) remove(loc payload.Location) error {
+// verifiedObject is Delete's check of an object's bytes.
+type verifiedObject struct {
+	sum payload.Checksum
+	at  time.Time
+}
+
+// checked reports whether Delete checked loc's bytes within verifiedFor;
+// it forgets older checks.
+func (s *Store) checked(loc payload.Location) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for name, v := range s.verified {
+		if now.Sub(v.at) > verifiedFor {
+			delete(s.verified, name)
+		}
+	}
+	v, ok := s.verified[loc.Object]
+	return ok && v.sum == loc.Checksum
+}
+
+// remove removes loc's object, whatever it holds. Unforced, a remove is
+// refused (ErrBusy, -706) while a reader holds the object's lease. Forced
+// (Put replacing other bytes: the key's value from before an
+// invalidation, which no reader may be served), it goes at once: a reader
+// whose object is removed under it gets an error or bytes that fail its
+// checksum, never a value.
+func (s *Store) remove(loc payload.Location, force bool) error {
 	obj, err := loc.ObjectID()
 	if err != nil {
 		return err
@@ -325,7 +393,11 @@ func (s *Store) remove(loc payload.Location) error {
 		return err
 	}
 	defer s.done()
-	if rc := C.mc_remove(s.api, s.store, key, 1); rc != 0 && rc != codeObjectNotFound {
+	f := C.int(0)
+	if force {
+		f = 1
+	}
+	if rc := C.mc_remove(s.api, s.store, key, f); rc != 0 && rc != codeObjectNotFound {
 		return &CodeError{Op: "remove", Code: int64(rc)}
 	}
 	return nil
