@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: mooncake build-mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -71,7 +71,11 @@ build/mooncake/lib/libmooncake_store.so: $(MOONCAKE_BUNDLE)
 
 test-mooncake: $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
 	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
-	$(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
+	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
+
+## build-mooncake: bin/embcache-mooncake, the command with the Mooncake transport (cgo; it opens libmooncake_store.so at run time).
+build-mooncake:
+	CGO_ENABLED=1 $(GO) build -trimpath -tags mooncake -ldflags '$(LDFLAGS)' -o $(BIN)/embcache-mooncake ./cmd/embcache
 
 ## test-faults: 200 fault schedules, 3 at a time, on a random base seed (make test runs 20, one at a time);
 ## FAULT_SCHEDULES=N, FAULT_PARALLEL=P to change, FAULT_FLAGS for more (-faults.shards N fixes the shards each schedule draws, -faults.nomarkers); a failed schedule prints the -faults.seed that replays it.

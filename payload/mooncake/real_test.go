@@ -8,15 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/mooncaketest"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -26,96 +25,22 @@ import (
 // while the test's own Store contributes none, as a short-lived writer or
 // reader would.
 
-// realMooncake is the directory of a real Mooncake Store (lib/
-// libmooncake_store.so, bin/mooncake_master): $EMBCACHE_MOONCAKE_DIR, which
-// make test-mooncake sets to the bundle it unpacked, or $MOONCAKE_DIR, a
-// Mooncake install of the user's. Without either the test skips, saying
-// why, unless EMBCACHE_REQUIRE_MOONCAKE=1 (.ci/run sets it).
-func realMooncake(t *testing.T) string {
-	t.Helper()
-	for _, env := range []string{"EMBCACHE_MOONCAKE_DIR", "MOONCAKE_DIR"} {
-		if dir := os.Getenv(env); dir != "" {
-			if _, err := os.Stat(filepath.Join(dir, "lib", "libmooncake_store.so")); err != nil {
-				t.Fatalf("$%s=%s: %v", env, dir, err)
-			}
-			return dir
-		}
-	}
-	if os.Getenv("EMBCACHE_REQUIRE_MOONCAKE") == "1" {
-		t.Fatal("no real Mooncake Store: set EMBCACHE_MOONCAKE_DIR or MOONCAKE_DIR (make test-mooncake unpacks ../shared/mooncake's bundle)")
-	}
-	t.Skip("no real Mooncake Store here: make test-mooncake unpacks ../shared/mooncake's bundle, or set MOONCAKE_DIR")
-	return ""
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// mooncakeCluster is a running master and its addresses.
+// mooncakeCluster is a running master of a real store's directory.
 type mooncakeCluster struct {
-	dir      string
-	master   string // host:port of its RPC
-	metadata string // its HTTP metadata server's URL
+	dir string
+	*mooncaketest.Master
 }
 
-// startMaster starts a mooncake_master on free loopback ports, stopped at
-// the test's end, and waits until it answers.
+// startMaster starts a real store's master (mooncaketest.StartMaster).
 func startMaster(t *testing.T, dir string, flags ...string) *mooncakeCluster {
 	t.Helper()
-	rpc, meta, metrics := freePort(t), freePort(t), freePort(t)
-	var log bytes.Buffer
-	cmd := exec.Command(filepath.Join(dir, "bin", "mooncake_master"), append([]string{
-		"--enable_http_metadata_server=true", "--http_metadata_server_port=" + strconv.Itoa(meta),
-		"--rpc_port=" + strconv.Itoa(rpc), "--metrics_port=" + strconv.Itoa(metrics)}, flags...)...)
-	cmd.Env = append(os.Environ(), "GLOG_logtostderr=1")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("mooncake_master's log:\n%s", tail(log.String(), 3000))
-		}
-	})
-	c := &mooncakeCluster{dir: dir, master: fmt.Sprintf("127.0.0.1:%d", rpc),
-		metadata: fmt.Sprintf("http://127.0.0.1:%d/metadata", meta)}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, addr := range []string{c.master, fmt.Sprintf("127.0.0.1:%d", meta)} {
-		for {
-			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("mooncake_master not answering on %s: %v", addr, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return c
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	return &mooncakeCluster{dir: dir, Master: mooncaketest.StartMaster(t, dir, flags...)}
 }
 
 // config is a Store's config for c: segment is the memory it contributes.
 func (c *mooncakeCluster) config(node string, segment uint64) Config {
-	return Config{Library: filepath.Join(c.dir, "lib", "libmooncake_store.so"), Node: node,
-		LocalHostname: "127.0.0.1", MetadataServer: c.metadata, Protocol: "tcp", MasterServerAddr: c.master,
+	return Config{Library: mooncaketest.Library(c.dir), Node: node,
+		LocalHostname: "127.0.0.1", MetadataServer: c.Metadata, Protocol: "tcp", MasterServerAddr: c.Addr,
 		GlobalSegmentSize: segment, LocalBufferSize: 64 << 20}
 }
 
@@ -125,7 +50,7 @@ func startHolder(t *testing.T, c *mooncakeCluster, segment uint64) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMooncakeSegmentHolder$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "EMBCACHE_MOONCAKE_HOLDER=1", "HOLDER_LIB="+c.config("", 0).Library,
-		"HOLDER_MASTER="+c.master, "HOLDER_METADATA="+c.metadata, "HOLDER_SEGMENT="+strconv.FormatUint(segment, 10))
+		"HOLDER_MASTER="+c.Addr, "HOLDER_METADATA="+c.Metadata, "HOLDER_SEGMENT="+strconv.FormatUint(segment, 10))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -164,10 +89,10 @@ func startHolder(t *testing.T, c *mooncakeCluster, segment uint64) {
 	select {
 	case line := <-ready:
 		if line != "holder: ready" {
-			t.Fatalf("segment holder: %s\n%s", line, tail(stderr.String(), 3000))
+			t.Fatalf("segment holder: %s\n%s", line, mooncaketest.Tail(stderr.String(), 3000))
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("segment holder not ready in 30 s\n%s", tail(stderr.String(), 3000))
+		t.Fatalf("segment holder not ready in 30 s\n%s", mooncaketest.Tail(stderr.String(), 3000))
 	}
 }
 
@@ -194,7 +119,7 @@ func TestMooncakeSegmentHolder(t *testing.T) {
 // segment, and is read back bit for bit (8 MiB and 1 byte); a second put
 // of the same object is a no-op; a missing object is ErrNotFound.
 func TestRealMooncakeRoundTrip(t *testing.T) {
-	dir := realMooncake(t)
+	dir := mooncaketest.Dir(t)
 	c := startMaster(t, dir)
 	startHolder(t, c, 256<<20)
 	s, err := Open(c.config("n1", 0))
@@ -246,7 +171,7 @@ func TestRealMooncakeRoundTrip(t *testing.T) {
 // got. The waits are the server's lease, in real time.
 func TestRealMooncakeDeletesWaitForReaders(t *testing.T) {
 	const lease = time.Second
-	dir := realMooncake(t)
+	dir := mooncaketest.Dir(t)
 	c := startMaster(t, dir, "--default_kv_lease_ttl=1000")
 	startHolder(t, c, 64<<20)
 	s, err := Open(c.config("n1", 0))
