@@ -32,7 +32,7 @@ func openMooncake(node string, o MooncakeOptions) (mooncakeTransport, error) {
 	if cfg.Protocol == "" {
 		cfg.Protocol = "tcp"
 	}
-	if cfg.GlobalSegmentSize == 0 {
+	if cfg.GlobalSegmentSize == 0 && !o.NoSegment {
 		cfg.GlobalSegmentSize = 512 << 20
 	}
 	if cfg.LocalBufferSize == 0 {

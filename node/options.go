@@ -133,6 +133,10 @@ type MooncakeOptions struct {
 	Protocol          string // "tcp" (default) or "rdma"
 	DeviceName        string // RDMA devices; "" lets Mooncake choose
 	GlobalSegmentSize uint64 // bytes this node contributes (default 512 MiB)
+	// NoSegment contributes no memory: a short-lived process (a worker),
+	// whose objects would vanish with it; the node's long-lived process
+	// (serve, the agent) holds the segment. GlobalSegmentSize must be 0.
+	NoSegment bool
 	LocalBufferSize   uint64 // bytes of transfer buffer (default 128 MiB)
 }
 
@@ -175,6 +179,9 @@ func (o *Options) Validate() error {
 		}
 		if o.Mooncake.MasterServerAddr == "" {
 			return fmt.Errorf("%w: payload %s needs the master server's address", ErrInvalidOption, o.Payload)
+		}
+		if o.Mooncake.NoSegment && o.Mooncake.GlobalSegmentSize != 0 {
+			return fmt.Errorf("%w: Mooncake NoSegment with a GlobalSegmentSize of %d", ErrInvalidOption, o.Mooncake.GlobalSegmentSize)
 		}
 	default:
 		return fmt.Errorf("%w: payload %q (want %s, %s or %s)", ErrInvalidOption, o.Payload, PayloadShm, PayloadHTTP, PayloadMooncake)

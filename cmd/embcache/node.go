@@ -63,7 +63,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.StringVar(&m.LocalHostname, "mooncake-hostname", "", "--payload mooncake: the address peers reach this node at (default --node)")
 	fs.StringVar(&m.Protocol, "mooncake-protocol", "", "--payload mooncake: tcp or rdma (default tcp)")
 	fs.StringVar(&m.DeviceName, "mooncake-device", "", "--payload mooncake: RDMA devices (default: Mooncake chooses)")
-	fs.Uint64Var(&m.GlobalSegmentSize, "mooncake-segment-bytes", 0, "--payload mooncake: bytes this node contributes to the store (default 512 MiB)")
+	fs.Uint64Var(&m.GlobalSegmentSize, "mooncake-segment-bytes", 512<<20, "--payload mooncake: bytes of memory this process contributes to the store, which holds the values: give it to the node's long-lived process (serve, the agent); 0 for a short-lived worker, whose objects would vanish when it exits")
 	fs.Uint64Var(&m.LocalBufferSize, "mooncake-buffer-bytes", 0, "--payload mooncake: transfer buffer bytes (default 128 MiB)")
 }
 
@@ -71,6 +71,11 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 // combination of flags, or a transport this binary lacks, is a usage error.
 func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporter.Exporter, extra ...coordinator.Option) (*node.Node, error) {
 	o := f.o
+	// --mooncake-segment-bytes 0 is no segment (the library's 0 is its
+	// default, 512 MiB, which the flag shows instead).
+	if o.Mooncake.GlobalSegmentSize == 0 {
+		o.Mooncake.NoSegment = true
+	}
 	// Zero is the library's "default": typed on the command line it is a
 	// mistake (--lease-ttl 0s ran with 5s while 1ms was refused).
 	if o.LeaseTTL <= 0 || o.StoreTTL <= 0 {
