@@ -25,6 +25,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/lease"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -595,6 +596,19 @@ func (l *links) configure(i int, o *embedded.Options) {
 		routes = append(routes, "nats-route://"+p.addr())
 	}
 	o.Routes = routes
+	// A node tells the others its route address, and they connect to it
+	// when a route is down (the route gossip's implicit routes): through
+	// the real cluster port, around the proxies, which healed a partition
+	// within about 2 s. Advertised as a port nothing listens on, every
+	// route goes through a proxy.
+	configure := o.Configure
+	o.Configure = func(so *server.Options) error {
+		so.Cluster.Advertise = "127.0.0.1:1"
+		if configure != nil {
+			return configure(so)
+		}
+		return nil
+	}
 }
 
 func (l *links) close() {
