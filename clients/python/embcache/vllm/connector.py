@@ -170,6 +170,14 @@ def pin_name(identifier: str, n: int) -> str:
 
 
 class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
+    """embcache as vLLM's EC connector: one per engine in the scheduler
+    (role SCHEDULER) and one per rank in the workers (WORKER), built by
+    vLLM from ec_transfer_config (the module's doc and docs/vllm.md).
+    vllm_config is vLLM's; the fields it reads are in docs/vllm.md
+    "Driving it without vLLM". Refuses an extra config with an unknown key,
+    without a tenant, or (the scheduler) whose processors cannot key an
+    item (ValueError)."""
+
     def __init__(self, vllm_config: Any, role: Any):
         super().__init__(vllm_config, role)
         self._settings = _extra(vllm_config)
