@@ -27,7 +27,7 @@ func TestJetStreamDirectGetOnACutOffReplica(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l := &links{}
+	l := &links{isolate: true}
 	cl, err := embedded.StartCluster(ctx, 3, t.TempDir(), l.configure)
 	if err != nil {
 		t.Fatal(err)
