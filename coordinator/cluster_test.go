@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,6 +160,16 @@ func TestWaiterRacingTheCommit(t *testing.T) {
 	}
 	holder := join(0)
 	waiter := join(1, WithPollInterval(time.Hour))
+	// A bucket just made may not have elected its stream's leader yet: a
+	// write then has no responder ("no response from stream").
+	waitFor(t, func() bool {
+		r, err := holder.Reserve(ctx, ref(1000))
+		if err != nil {
+			return false
+		}
+		r.Abandon(ctx, errors.New("ready"))
+		return true
+	})
 	var cnt counter
 	for i := range 200 {
 		r, err := holder.Reserve(ctx, ref(i))
