@@ -354,6 +354,10 @@ func (n *Node) PayloadAdvertise() string { return n.adv }
 // Name is the node's name.
 func (n *Node) Name() string { return n.opts.Name }
 
+// Payload is the transport this node writes its values with (Options.Payload,
+// its default filled in).
+func (n *Node) Payload() string { return n.opts.Payload }
+
 // connectionLog logs the connection's losses and returns: an operator sees
 // an outage of a running process (which computes locally meanwhile, or
 // fails its calls in strict mode), not only one at its start. Options of

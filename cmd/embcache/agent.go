@@ -12,6 +12,7 @@ import (
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/localcache"
+	"github.com/embcache/embcache/node"
 	"github.com/spf13/cobra"
 )
 
@@ -105,12 +106,31 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	fmt.Fprintln(stderr, "embcache agent: node", n.Name(), "listening on", c.socket)
+	fmt.Fprintln(stderr, "embcache agent: node", n.Name(), "listening on", c.socket+";", valuesLine(n, c.nf.o.Advertise))
 	if err := srv.Serve(l); err != nil {
 		return err
 	}
 	// Serve returns as Shutdown begins: the commits it answered are still
 	// being stored, and the node must not close under them.
 	<-stopped
+	fmt.Fprintln(stderr, "embcache agent: stopped")
 	return nil
+}
+
+// valuesLine says where the agent's values go, and who can read them: an
+// agent whose values other nodes cannot pull shares nothing across nodes.
+// advertise is --advertise (the node's serve pull server, when the agent
+// runs none of its own).
+func valuesLine(n *node.Node, advertise string) string {
+	switch n.Payload() {
+	case node.PayloadHTTP:
+		if a := n.PayloadAdvertise(); a != "" {
+			advertise = a
+		}
+		return "values: http, pulled from " + advertise
+	case node.PayloadMooncake:
+		return "values: mooncake"
+	default:
+		return "values: shm files only this node reads (--advertise or --payload-listen for other nodes to pull them)"
+	}
 }
