@@ -44,8 +44,13 @@ type Node struct {
 	addr     string                 // the pull server's listen address, or ""
 	adv      string                 // the URL other nodes pull from it at, or ""
 	mooncake mooncakeTransport      // the Mooncake store (PayloadMooncake), or nil
-	started  bool
-	closed   bool
+	pull     *httppull.Transport    // the HTTP transport (PayloadHTTP), or nil
+	// stopCheck ends checkAdvertised, which closes checkDone (nil when the
+	// node runs its own pull server, or writes no HTTP values).
+	stopCheck context.CancelFunc
+	checkDone chan struct{}
+	started   bool
+	closed    bool
 }
 
 // New validates opts and returns a node that is not started yet. The
@@ -96,6 +101,14 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if n.pull != nil && o.PayloadListen == "" {
+		cctx, cancel := context.WithCancel(context.Background())
+		n.stopCheck, n.checkDone = cancel, make(chan struct{})
+		go func() {
+			defer close(n.checkDone)
+			n.checkAdvertised(cctx, n.pull)
+		}()
+	}
 	if !o.NoCache {
 		opts := append(o.cacheOptions(), coordinator.WithPayload(plane))
 		if n.cache, err = coordinator.New(ctx, n.nc, append(opts, o.Cache...)...); err != nil {
@@ -143,6 +156,7 @@ func (n *Node) openPayload() (*payload.Router, error) {
 		if err != nil {
 			return nil, err
 		}
+		n.pull = tr
 		return payload.NewRouter(o.Name, payload.TransportHTTP, tr, ropts...)
 	}
 	// A node that does not serve pulls still pulls from the nodes that do.
@@ -304,6 +318,10 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closed = true
+	if n.stopCheck != nil {
+		n.stopCheck()
+		<-n.checkDone
+	}
 	if n.rec != nil {
 		n.stopRec()
 		<-n.recDone

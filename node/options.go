@@ -133,11 +133,11 @@ type MooncakeOptions struct {
 	Protocol          string // "tcp" (default) or "rdma"
 	DeviceName        string // RDMA devices; "" lets Mooncake choose
 	GlobalSegmentSize uint64 // bytes this node contributes (default 512 MiB)
+	LocalBufferSize   uint64 // bytes of transfer buffer (default 128 MiB)
 	// NoSegment contributes no memory: a short-lived process (a worker),
 	// whose objects would vanish with it; the node's long-lived process
 	// (serve, the agent) holds the segment. GlobalSegmentSize must be 0.
 	NoSegment bool
-	LocalBufferSize   uint64 // bytes of transfer buffer (default 128 MiB)
 }
 
 // Validate checks o and fills its defaults, as New does: the error wraps
