@@ -32,7 +32,7 @@ type mooncakeCluster struct {
 }
 
 // startMaster starts a real store's master (mooncaketest.StartMaster).
-func startMaster(t *testing.T, dir string, flags ...string) *mooncakeCluster {
+func startMaster(t testing.TB, dir string, flags ...string) *mooncakeCluster {
 	t.Helper()
 	return &mooncakeCluster{dir: dir, Master: mooncaketest.StartMaster(t, dir, flags...)}
 }
@@ -46,7 +46,7 @@ func (c *mooncakeCluster) config(node string, segment uint64) Config {
 
 // startHolder runs a process that holds a segment of segment bytes in c,
 // until the test ends (its stdin closes).
-func startHolder(t *testing.T, c *mooncakeCluster, segment uint64) {
+func startHolder(t testing.TB, c *mooncakeCluster, segment uint64) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMooncakeSegmentHolder$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "EMBCACHE_MOONCAKE_HOLDER=1", "HOLDER_LIB="+c.config("", 0).Library,
