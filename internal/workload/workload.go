@@ -16,6 +16,7 @@ import (
 	"image"
 	"image/color"
 	"image/jpeg"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -150,4 +151,16 @@ func BareTCPServer(data []byte) (addr string, stop func(), err error) {
 		}
 	}()
 	return l.Addr().String(), func() { l.Close(); <-done }, nil
+}
+
+// ReadBareTCP reads len(dst) bytes from the BareTCPServer at addr over a
+// connection of its own: the baseline's one transfer.
+func ReadBareTCP(addr string, dst []byte) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = io.ReadFull(c, dst)
+	return err
 }

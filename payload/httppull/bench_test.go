@@ -3,8 +3,6 @@ package httppull
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -48,14 +46,9 @@ func BenchmarkPull(b *testing.B) {
 				}
 				t1 := time.Now()
 				got.Close()
-				c, err := net.Dial("tcp", addr)
-				if err != nil {
+				if err := workload.ReadBareTCP(addr, dst); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := io.ReadFull(c, dst); err != nil {
-					b.Fatal(err)
-				}
-				c.Close()
 				tTCP += time.Since(t1)
 				tPull += t1.Sub(t0)
 			}

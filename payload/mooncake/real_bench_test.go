@@ -5,8 +5,6 @@ package mooncake
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -53,14 +51,9 @@ func BenchmarkRealMooncakeGet(b *testing.B) {
 				}
 				t1 := time.Now()
 				got.Close()
-				conn, err := net.Dial("tcp", addr)
-				if err != nil {
+				if err := workload.ReadBareTCP(addr, dst); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := io.ReadFull(conn, dst); err != nil {
-					b.Fatal(err)
-				}
-				conn.Close()
 				tTCP += time.Since(t1)
 				tGet += t1.Sub(t0)
 			}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -241,15 +240,7 @@ func benchPayload(quick bool) ([]benchRow, error) {
 				got.Close()
 			}
 			return err
-		}, func() error {
-			c, err := net.Dial("tcp", tcpAddr)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = io.ReadFull(c, dst)
-			return err
-		})
+		}, func() error { return workload.ReadBareTCP(tcpAddr, dst) })
 		stop()
 		if err != nil {
 			return nil, err

@@ -201,11 +201,11 @@ class EmbcacheECConnector(ECConnectorBase):  # type: ignore[misc]
         mc = vllm_config.model_config
         processors = s["processors"] if s["processors"] is not None else processor_configs(mc)
         versions = _versions()
+        hf = mc.hf_config.to_dict() if hasattr(mc.hf_config, "to_dict") else dict(mc.hf_config)
         self._configs: Dict[str, EncoderPreprocessingConfig] = {}
         for modality, proc in processors.items():
             if modality not in MODALITIES:
                 raise ValueError(f"processors: {modality!r}: want one of {', '.join(MODALITIES)}")
-            hf = mc.hf_config.to_dict() if hasattr(mc.hf_config, "to_dict") else dict(mc.hf_config)
             self._configs[modality] = preprocessing_config(
                 model_id=mc.model, revision=getattr(mc, "revision", None), hf_config=hf, processor=proc,
                 mm_processor_kwargs=getattr(mc, "mm_processor_kwargs", None), dtype=mc.dtype, modality=modality,
