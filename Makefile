@@ -71,7 +71,7 @@ build/mooncake/lib/libmooncake_store.so: $(MOONCAKE_BUNDLE)
 
 test-mooncake: $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
 	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
-	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/
+	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/ ./coordinator/
 
 ## build-mooncake: bin/embcache-mooncake, the command with the Mooncake transport (cgo; it opens libmooncake_store.so at run time).
 build-mooncake:

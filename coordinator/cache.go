@@ -91,6 +91,8 @@ type Cache struct {
 	gaveUp   bool                    // Close has stopped waiting for the computes left; guarded by mu
 	settled  chan struct{}           // 1-buffered: a request ended or left its compute after Close began
 
+	uncommitted *uncommittedSet // payloads put whose commit did not land (uncommitted.go)
+
 	bg   sync.WaitGroup
 	shut chan struct{} // closed when Close has finished: a second Close waits for it
 }
@@ -134,7 +136,8 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 	if s.payloadSweep > 0 && s.router.NodeStore() == nil {
 		return nil, fmt.Errorf("%w: WithPayloadSweep needs a node store (payload.WithNodeStore)", ErrInvalidOption)
 	}
-	c := &Cache{s: s, started: time.Now(), leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1), shut: make(chan struct{})}
+	c := &Cache{s: s, started: time.Now(), leases: make(map[*lease.Lease]struct{}), settled: make(chan struct{}, 1), shut: make(chan struct{}),
+		uncommitted: newUncommittedSet()}
 	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
 	local, err := localcache.New[localKey, *payload.Value](append([]localcache.Option{
@@ -173,6 +176,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 			"servers", serverNames(nc), "err", err)
 		c.bg.Go(c.reconnectLoop)
 	}
+	c.bg.Go(c.uncommittedLoop)
 	if every := c.payloadSweepEvery(); s.router.NodeStore() != nil && every > 0 {
 		c.bg.Go(func() { c.sweepLoop(every) })
 	}

@@ -191,3 +191,15 @@ func (o observations) badRecord(err error, op string) {
 
 // swept: the node sweep removed a payload file no record names.
 func (o observations) swept() { o.c.stats.payloadsSwept.Add(1) }
+
+// uncommittedRemoved: a payload put whose commit did not land was removed
+// (or found gone).
+func (o observations) uncommittedRemoved() { o.c.stats.uncommittedRemoved.Add(1) }
+
+// uncommittedLeft: such a payload is left to the node's sweep or the
+// store's eviction.
+func (o observations) uncommittedLeft(u uncommitted, why string) {
+	o.c.stats.uncommittedLeft.Add(1)
+	o.c.s.logger.Warn("embcache: an uncommitted payload is left in the store", "key", u.ref.KVKey(),
+		"transport", u.loc.Transport, "object", u.loc.Object, "why", why)
+}

@@ -38,6 +38,9 @@ func (r *Reservation) Err() error { return r.l.Err() }
 // the lease was lost, nothing is claimed and the error wraps ErrLeaseLost;
 // v is still correct (keys are content addresses), it is just not the
 // cluster's copy. A commit acknowledged too late to trust is such a case.
+// A payload put for a commit that did not land is removed later, on the
+// Cache's own goroutine, unless the key's record turns out to name it
+// (docs/protocol.md 2.5).
 //
 // After Close has begun it is ErrClosed and writes nothing; one in flight
 // when Close is called is cancelled, and its error wraps ErrClosed
@@ -74,6 +77,9 @@ func (r *Reservation) commit(ctx context.Context, v *payload.Value) (payload.Loc
 	}
 	rev, err := r.l.Commit(ctx, loc, v, r.c.s.storeTTL)
 	if err != nil {
+		// Refused, failed, or cut short, maybe after landing: the payload
+		// goes unless the key's record turns out to name it.
+		r.putUncommitted(loc)
 		if errors.Is(err, ErrLeaseLost) {
 			r.refused(err)
 		}

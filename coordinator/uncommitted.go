@@ -1,0 +1,172 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/embcache/embcache/lease"
+	"github.com/embcache/embcache/payload"
+)
+
+// A commit that does not land (refused by the fencing, failed, cut short
+// by Close) leaves the payload its Put wrote under the key's name, named
+// by no record of this process. On shm the node's sweep would find the
+// file a sweep interval later; a Mooncake Store lists nothing, and would
+// keep the object until it evicted it. So the Cache removes what it put
+// itself, once the key's record is read not to name it (docs/protocol.md
+// 2.5).
+
+// uncommittedPatience is how long an uncommitted payload is kept trying:
+// past it the payload is left (to the node's sweep, or the store's
+// eviction), counted and logged. It covers another process's compute of
+// the key (which may name the bytes) and Mooncake's read lease, which
+// refuses an unforced remove for about 10 s after the delete's own check.
+const uncommittedPatience = 5 * time.Minute
+
+// maxUncommitted bounds the payloads waiting: past it a payload is left
+// at once, counted.
+const maxUncommitted = 4096
+
+// uncommitted is a payload this process put whose commit did not land.
+type uncommitted struct {
+	ref   Ref
+	loc   payload.Location
+	rev   uint64    // the reservation's last revision: its own computing record
+	since time.Time // when the commit failed
+}
+
+// uncommittedSet holds the payloads waiting for removal, by object.
+type uncommittedSet struct {
+	mu      sync.Mutex
+	pending map[string]uncommitted
+	wake    chan struct{} // a payload was added
+}
+
+func newUncommittedSet() *uncommittedSet {
+	return &uncommittedSet{pending: map[string]uncommitted{}, wake: make(chan struct{}, 1)}
+}
+
+// add queues u; it reports false if the set is full.
+func (s *uncommittedSet) add(u uncommitted) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pending[u.loc.Object]; !ok && len(s.pending) >= maxUncommitted {
+		return false
+	}
+	s.pending[u.loc.Object] = u
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// snapshot returns the payloads waiting.
+func (s *uncommittedSet) snapshot() []uncommitted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]uncommitted, 0, len(s.pending))
+	for _, u := range s.pending {
+		out = append(out, u)
+	}
+	return out
+}
+
+// done forgets u, unless the object was queued again since.
+func (s *uncommittedSet) done(u uncommitted) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.pending[u.loc.Object]; ok && cur == u {
+		delete(s.pending, u.loc.Object)
+	}
+}
+
+// len returns how many payloads wait.
+func (s *uncommittedSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+// putUncommitted queues the payload r put at loc, whose commit did not
+// land, for removal.
+func (r *Reservation) putUncommitted(loc payload.Location) {
+	u := uncommitted{ref: r.ref, loc: loc, rev: r.l.Revision(), since: time.Now()}
+	if !r.c.uncommitted.add(u) {
+		r.c.obs.uncommittedLeft(u, "too many waiting")
+	}
+}
+
+// uncommittedLoop tries each waiting payload when one is added, and every
+// retry interval while some wait.
+func (c *Cache) uncommittedLoop() {
+	for {
+		var retry <-chan time.Time
+		if c.uncommitted.len() > 0 {
+			retry = time.After(c.s.retryInterval)
+		}
+		select {
+		case <-c.life.Done():
+			return
+		case <-c.uncommitted.wake:
+		case <-retry:
+		}
+		for _, u := range c.uncommitted.snapshot() {
+			if c.life.Err() != nil {
+				return
+			}
+			if c.removeUncommitted(c.life, u) {
+				c.uncommitted.done(u)
+			} else if time.Since(u.since) > uncommittedPatience {
+				c.uncommitted.done(u)
+				c.obs.uncommittedLeft(u, "still named by a compute, or not removable")
+			}
+		}
+	}
+}
+
+// removeUncommitted removes u's payload unless the key's record names it
+// or may: it reports whether u is settled (removed, gone, or the
+// record's). The payload's generation is read before the record, as
+// every delete does (docs/protocol.md 2.4): a compute of the key that puts
+// the same bytes after the read makes a generation the delete leaves.
+func (c *Cache) removeUncommitted(ctx context.Context, u uncommitted) bool {
+	b := c.bucket()
+	if b == nil {
+		return false
+	}
+	w := c.router.Writer()
+	octx, cancel := c.opContext(ctx)
+	seen, err := w.Generation(octx, u.loc)
+	cancel()
+	if err != nil {
+		return false
+	}
+	octx, cancel = c.opContext(ctx)
+	cur, err := b.Read(octx, u.ref.KVKey())
+	cancel()
+	if err != nil {
+		return false
+	}
+	if cur.Live {
+		switch {
+		case cur.Record.State == lease.StateCommitted && holds(cur.Record, u.loc):
+			return true // the commit landed after all, or another's named the same bytes
+		case cur.Record.State != lease.StateCommitted && cur.Rev != u.rev:
+			return false // another compute of the key: its commit may name them
+		}
+	}
+	octx, cancel = c.opContext(ctx)
+	err = w.Delete(octx, u.loc, seen)
+	cancel()
+	switch {
+	case err == nil:
+		c.obs.uncommittedRemoved()
+		return true
+	case errors.Is(err, payload.ErrNotFound):
+		return true
+	}
+	return false // busy (a reader's lease), or the store unreachable: later
+}
