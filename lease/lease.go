@@ -10,121 +10,6 @@ import (
 	"github.com/embcache/embcache/payload"
 )
 
-// Clock tells the time. Deadlines are measured with it; tests inject a
-// fake one so that no lease test waits out a TTL.
-type Clock interface{ Now() time.Time }
-
-// SystemClock is the system's clock, whose monotonic reading deadlines
-// are measured with.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
-
-// Op is what a lease was doing when it was lost.
-type Op uint8
-
-// Ops.
-const (
-	OpRenew  Op = iota + 1 // a heartbeat
-	OpCommit               // Held or Commit
-)
-
-// String returns "renew" or "commit".
-func (o Op) String() string {
-	switch o {
-	case OpRenew:
-		return "renew"
-	case OpCommit:
-		return "commit"
-	}
-	return fmt.Sprintf("Op(%d)", uint8(o))
-}
-
-// Store is what a lease writes and reads its key through: a *Bucket, or
-// a wrapper of one (tests make answers slow or lose them with one).
-type Store interface {
-	Create(ctx context.Context, key string, r Record, ttl time.Duration) (uint64, error)
-	CompareAndSet(ctx context.Context, key string, rev uint64, r Record, ttl time.Duration) (uint64, error)
-	Purge(ctx context.Context, key string, rev uint64) error
-	Read(ctx context.Context, key string) (Entry, error)
-	// Direct reports whether a Read may be a follower's answer, which
-	// never proves that a write landed.
-	Direct() bool
-}
-
-// Config is how a lease is held. TTL is required.
-type Config struct {
-	// TTL is the lease's: each revision lives this long unless renewed.
-	// At least 1s (JetStream keeps TTLs in whole seconds).
-	TTL       time.Duration
-	OpTimeout time.Duration // bound of each store call (0: 2s)
-	Clock     Clock         // default: the system clock
-	// ClockAllowance is how far the clocks of the servers (and of the
-	// processes) may disagree, a step included: each revision's deadline
-	// comes that much before its write's send time plus its TTL, because a
-	// server expires a message by its own clock against the time stamp
-	// another server may have given it. 0: DefaultClockAllowance(TTL). At
-	// most half the TTL.
-	ClockAllowance time.Duration
-	Hooks          Hooks
-}
-
-// DefaultClockAllowance is the clock allowance of a lease of ttl: a fifth
-// of it, at most 1s (docs/protocol.md 3.1).
-func DefaultClockAllowance(ttl time.Duration) time.Duration { return min(time.Second, ttl/5) }
-
-// ClockAllowance returns the clock allowance a lease of ttl holds with:
-// a, or DefaultClockAllowance(ttl) if a is 0. One outside [0, ttl/2] is
-// ErrInvalidConfig: a renewal a third of the TTL in must still come before
-// the deadline.
-func ClockAllowance(ttl, a time.Duration) (time.Duration, error) {
-	if a < 0 || a > ttl/2 {
-		return 0, fmt.Errorf("%w: clock allowance %v out of [0, half the lease TTL = %v]", ErrInvalidConfig, a, ttl/2)
-	}
-	if a == 0 {
-		return DefaultClockAllowance(ttl), nil
-	}
-	return a, nil
-}
-
-// Hooks hear what happens to leases; every field is optional. They are
-// called without the lease's locks held, on the goroutine that found what
-// they report (the heartbeat's, or the caller's of Acquire, Held or
-// Commit): keep them fast.
-type Hooks struct {
-	// Lost is called once for a lease that is lost, with what found it:
-	// a renewal (OpRenew), or Held or Commit (OpCommit).
-	Lost func(l *Lease, during Op, err error)
-	// Late is called for a write acknowledged after its deadline (it is
-	// not trusted: the server's TTL marker may wipe it).
-	Late func(key string)
-	// Ended is called when a lease's heartbeats have stopped: it was
-	// committed, abandoned, lost, or stopped.
-	Ended func(l *Lease)
-}
-
-func (c *Config) validate() error {
-	if c.TTL < time.Second {
-		return fmt.Errorf("%w: TTL must be >= 1s (JetStream TTLs are whole seconds), got %v", ErrInvalidConfig, c.TTL)
-	}
-	if c.OpTimeout < 0 {
-		return fmt.Errorf("%w: op timeout %v < 0", ErrInvalidConfig, c.OpTimeout)
-	}
-	if c.OpTimeout == 0 {
-		c.OpTimeout = 2 * time.Second
-	}
-	a, err := ClockAllowance(c.TTL, c.ClockAllowance)
-	if err != nil {
-		return err
-	}
-	c.ClockAllowance = a
-	if c.Clock == nil {
-		c.Clock = SystemClock{}
-	}
-	return nil
-}
-
 // Lease is this process's exclusive right to compute one key, held on the
 // KV bucket. Its revision is the fencing token: every write it makes is
 // conditional on it, so once the lease is lost nothing it writes lands.
@@ -464,13 +349,6 @@ func (l *Lease) advance(rev uint64, sent time.Time, ttl time.Duration, rec Recor
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rev, l.sent, l.deadline, l.rec = rev, sent, l.cfg.deadline(sent, ttl), rec
-}
-
-// deadline is the deadline of a revision whose write was sent at sent
-// with ttl (the server rounds a TTL down to whole seconds; Bucket rounds
-// every TTL it sends up, so ttl is never more than the server keeps).
-func (c *Config) deadline(sent time.Time, ttl time.Duration) time.Time {
-	return sent.Add(ttl - c.ClockAllowance)
 }
 
 func (l *Lease) isEnded() bool {
