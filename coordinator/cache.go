@@ -947,6 +947,7 @@ func (c *Cache) Close() error {
 	c.endLife(ErrClosed)
 	c.awaitRequests(c.s.leaseTTL)
 	c.bg.Wait()
+	c.leaveUncommitted()
 	c.mu.Lock()
 	leases := make([]*lease.Lease, 0, len(c.leases))
 	for l := range c.leases {

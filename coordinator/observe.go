@@ -192,9 +192,9 @@ func (o observations) badRecord(err error, op string) {
 // swept: the node sweep removed a payload file no record names.
 func (o observations) swept() { o.c.stats.payloadsSwept.Add(1) }
 
-// uncommittedRemoved: a payload put whose commit did not land was removed
-// (or found gone).
-func (o observations) uncommittedRemoved() { o.c.stats.uncommittedRemoved.Add(1) }
+// uncommittedDeleted: a conditional delete of a payload put whose commit
+// did not land succeeded.
+func (o observations) uncommittedDeleted() { o.c.stats.uncommittedDeleted.Add(1) }
 
 // uncommittedLeft: such a payload is left to the node's sweep or the
 // store's eviction.

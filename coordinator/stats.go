@@ -14,7 +14,7 @@ type counters struct {
 	touches, lateWrites, staleTakeovers, badRecordsPurged            atomic.Uint64
 	badRecordsWatched, eventsDecoded, eventsBad, invalidatedRecords  atomic.Uint64
 	payloadsSwept, labelConflicts                                    atomic.Uint64
-	uncommittedRemoved, uncommittedLeft                              atomic.Uint64
+	uncommittedDeleted, uncommittedLeft                              atomic.Uint64
 }
 
 // Stats counts what a Cache did.
@@ -60,12 +60,13 @@ type Stats struct {
 	// PayloadsSwept counts shm files this process removed because no
 	// committed record named them (WithPayloadSweep).
 	PayloadsSwept uint64
-	// UncommittedRemoved counts payloads this process put whose commit did
-	// not land (refused, failed, cut short), removed because no record
-	// named them (or found gone); UncommittedLeft, those it gave up on
-	// (a compute of the key held them for minutes, or the store would not
-	// remove them), left to the node's sweep or the store's eviction.
-	UncommittedRemoved, UncommittedLeft uint64
+	// UncommittedDeleted counts the deletes this process issued, once the
+	// key had no live record, of payloads it put whose commit did not land
+	// (refused, failed, cut short); a delete leaves a payload put again or
+	// replaced since (docs/protocol.md 2.5). UncommittedLeft counts those
+	// it gave up on (the key computing for minutes, the store refusing,
+	// Close), left to the node's sweep or the store's eviction.
+	UncommittedDeleted, UncommittedLeft uint64
 	// StoreReachable is true while the bucket is open and the NATS
 	// connection is up. A server gone without closing the connection
 	// (a partition) shows here only once the client's pings fail, minutes
@@ -91,7 +92,7 @@ func (c *Cache) Stats() Stats {
 		BadRecordsPurged: c.stats.badRecordsPurged.Load(), BadRecordsWatched: c.stats.badRecordsWatched.Load(),
 		EventsDecoded: c.stats.eventsDecoded.Load(), EventsBad: c.stats.eventsBad.Load(),
 		InvalidatedRecords: c.stats.invalidatedRecords.Load(), PayloadsSwept: c.stats.payloadsSwept.Load(),
-		UncommittedRemoved: c.stats.uncommittedRemoved.Load(), UncommittedLeft: c.stats.uncommittedLeft.Load(),
+		UncommittedDeleted: c.stats.uncommittedDeleted.Load(), UncommittedLeft: c.stats.uncommittedLeft.Load(),
 		LabelConflicts: c.stats.labelConflicts.Load(),
 		StoreReachable: c.storeReachable(),
 		Local:          c.local.Stats(),

@@ -74,13 +74,28 @@ func (s *uncommittedSet) snapshot() []uncommitted {
 	return out
 }
 
-// done forgets u, unless the object was queued again since.
-func (s *uncommittedSet) done(u uncommitted) {
+// done forgets u, unless the object was queued again since; it reports
+// whether it forgot u.
+func (s *uncommittedSet) done(u uncommitted) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cur, ok := s.pending[u.loc.Object]; ok && cur == u {
 		delete(s.pending, u.loc.Object)
+		return true
 	}
+	return false
+}
+
+// drain forgets every payload waiting and returns them.
+func (s *uncommittedSet) drain() []uncommitted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]uncommitted, 0, len(s.pending))
+	for k, u := range s.pending {
+		out = append(out, u)
+		delete(s.pending, k)
+	}
+	return out
 }
 
 // len returns how many payloads wait.
@@ -119,19 +134,28 @@ func (c *Cache) uncommittedLoop() {
 			}
 			if c.removeUncommitted(c.life, u) {
 				c.uncommitted.done(u)
-			} else if time.Since(u.since) > uncommittedPatience {
-				c.uncommitted.done(u)
-				c.obs.uncommittedLeft(u, "still named by a compute, or not removable")
+			} else if time.Since(u.since) > uncommittedPatience && c.uncommitted.done(u) {
+				c.obs.uncommittedLeft(u, "its key still computing, or the store would not remove it")
 			}
 		}
 	}
 }
 
-// removeUncommitted removes u's payload unless the key's record names it
-// or may: it reports whether u is settled (removed, gone, or the
-// record's). The payload's generation is read before the record, as
-// every delete does (docs/protocol.md 2.4): a compute of the key that puts
-// the same bytes after the read makes a generation the delete leaves.
+// leaveUncommitted counts and logs the payloads still waiting when Close
+// has stopped the loop. Close stops renewing the leases, and a commit it
+// cut short leaves its own computing record live for a lease TTL: a
+// removal tried now would wait.
+func (c *Cache) leaveUncommitted() {
+	for _, u := range c.uncommitted.drain() {
+		c.obs.uncommittedLeft(u, "the Cache closed")
+	}
+}
+
+// removeUncommitted deletes u's payload once the key has no live record:
+// it reports whether u is settled (deleted, or the record's). The
+// payload's generation is read before the record, as every delete does
+// (docs/protocol.md 2.4): a compute of the key that puts the same bytes
+// after the read makes a generation the delete leaves.
 func (c *Cache) removeUncommitted(ctx context.Context, u uncommitted) bool {
 	b := c.bucket()
 	if b == nil {
@@ -151,19 +175,20 @@ func (c *Cache) removeUncommitted(ctx context.Context, u uncommitted) bool {
 		return false
 	}
 	if cur.Live {
-		switch {
-		case cur.Record.State == lease.StateCommitted && holds(cur.Record, u.loc):
-			return true // the commit landed after all, or another's named the same bytes
-		case cur.Record.State != lease.StateCommitted && cur.Rev != u.rev:
-			return false // another compute of the key: its commit may name them
-		}
+		// A committed record names the bytes (the commit landed after
+		// all, or another process committed the same ones), or names
+		// others, which a store without generations (Mooncake: one object
+		// per key) has put in their place already, and which the node's
+		// sweep tells apart on shm. A computing record, this process's own
+		// included, may still commit them: its write may be in flight.
+		return cur.Record.State == lease.StateCommitted
 	}
 	octx, cancel = c.opContext(ctx)
 	err = w.Delete(octx, u.loc, seen)
 	cancel()
 	switch {
 	case err == nil:
-		c.obs.uncommittedRemoved()
+		c.obs.uncommittedDeleted()
 		return true
 	case errors.Is(err, payload.ErrNotFound):
 		return true

