@@ -68,13 +68,13 @@ func computeID(v *payload.Value) uint64 {
 type hist struct {
 	T    int64  `json:"t"`            // unix nanos
 	W    string `json:"w"`            // worker
-	Ev   string `json:"ev"`           // ready, unlinked, compute-start, compute-end, served, error, reserved, committed, refused, heard, done
+	Ev   string `json:"ev"`           // ready, unlinked, compute-start, compute-end, put, served, error, reserved, committed, refused, heard, done
 	Key  int    `json:"key"`          // -1 for worker-wide lines
 	Rev  uint64 `json:"rev"`          // fencing token, for lease events
 	OK   bool   `json:"ok"`           // served: key k's bytes, under the id of a compute
 	Note string `json:"note"`         // error text; a served value's path; the labels an invalidation heard was of
 	From int64  `json:"from"`         // unix nanos: when the request this line is part of began
-	ID   uint64 `json:"id,omitempty"` // compute-start: the compute's id; served, committed: the id of the value's compute
+	ID   uint64 `json:"id,omitempty"` // compute-start: the compute's id; served, committed, put: the id of the value's compute
 	At   int64  `json:"at,omitempty"` // heard: the invalidated event's Time
 }
 
@@ -117,12 +117,31 @@ func (h *histWriter) computing(k int, id uint64) {
 	h.line(hist{Ev: "compute-start", Key: k, OK: true, ID: id})
 }
 
-func keyOf(r coordinator.Ref) int {
+func keyOf(r coordinator.Ref) int { return keyIndex(r.Key) }
+
+func keyIndex(k cachekey.Key) int {
 	n := 0
 	for i := 7; i >= 0; i-- {
-		n = n<<8 | int(r.Key[i])
+		n = n<<8 | int(k[i])
 	}
 	return n - 1000
+}
+
+// loggedPuts is the worker's shm store, whose Puts it notes ("put", at
+// their end, of the value's compute): a Put that lands after its lease's
+// deadline (its worker stopped in the middle) replaces the payload of a
+// value committed meanwhile by another worker.
+type loggedPuts struct {
+	*shm.Store
+	h *histWriter
+}
+
+func (p loggedPuts) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Location, error) {
+	loc, err := p.Store.Put(ctx, obj, v)
+	if err == nil {
+		p.h.line(hist{Ev: "put", Key: keyIndex(obj.Key), OK: true, ID: computeID(v)})
+	}
+	return loc, err
 }
 
 func (h *histWriter) Reserved(r coordinator.Ref, rev uint64) {
@@ -215,7 +234,7 @@ func connectFaultWorker(h *histWriter) (*coordinator.Cache, *nats.Conn, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	plane, err := payload.NewRouter("itest-node", payload.TransportShm, store, payload.WithNodeStore(store))
+	plane, err := payload.NewRouter("itest-node", payload.TransportShm, loggedPuts{store, h}, payload.WithNodeStore(store))
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
