@@ -61,6 +61,10 @@ if [ "$mode" = mooncake ]; then
   done
 fi
 
+# A service's address on the compose network, which this host reaches (the
+# network publishes no port): the Docker engine must be this host's.
+addr() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(dc ps -q "$1")"; }
+
 out=$(mktemp) progress=$(mktemp)
 if [ "$mode" = mooncake ]; then requests=300 unique=60; else requests=600 unique=150; fi
 dc run --rm -T loadgen loadgen --encoder http://encoder:8080 \
@@ -68,13 +72,20 @@ dc run --rm -T loadgen loadgen --encoder http://encoder:8080 \
   --requests $requests --unique $unique --concurrency 6 --timeout 4m >"$out" 2>"$progress" &
 load=$!
 if [ "$mode" = http ]; then
-  # Kill a NATS node once a quarter of the requests are done.
-  for i in $(seq 1 600); do
-    done_n=$( (tr '\r' '\n' <"$progress" | grep -o '[0-9]*/'"$requests" | tail -1 | cut -d/ -f1) || true)
+  # Kill a NATS node once a quarter of the requests have reached the
+  # encoder (each goes there first), as its /v1/stats counts them
+  # (loadgen prints its progress only at the end when not on a terminal).
+  encoder=$(addr encoder)
+  while :; do
+    done_n=$( (curl -fsS -m 2 "http://$encoder:8080/v1/stats" | grep -o '"requests":[0-9]*' | cut -d: -f2) || true)
     [ "${done_n:-0}" -ge $((requests / 4)) ] && break
     kill -0 "$load" 2>/dev/null || break
     sleep 0.1
   done
+  if ! kill -0 "$load" 2>/dev/null; then
+    cat "$out" "$progress" >&2
+    fail "the workload ended before nats2 was killed (${done_n:-0}/$requests requests seen)"
+  fi
   echo "compose-test: killing nats2 after ${done_n:-0}/$requests requests" >&2
   dc kill nats2 >/dev/null
 fi
@@ -89,11 +100,10 @@ if [ "$mode" = http ]; then
 fi
 
 grep -q '"forwards_equal_unique_inputs": true' "$out" || fail "encoder forwards != $unique unique inputs"
-# The services' Prometheus endpoints, read from this host at their
-# containers' addresses (the compose network publishes no port).
+# The services' Prometheus endpoints.
 metrics() { # service port
   local ip
-  ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(dc ps -q "$1")")
+  ip=$(addr "$1")
   curl -fsS -m 5 "http://$ip:$2/metrics" || fail "no metrics from $1 at $ip:$2 (is this host on the compose network's bridge?)"
 }
 # sum NAME: the sum of a metric's samples (every label set) on stdin.
