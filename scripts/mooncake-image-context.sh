@@ -52,7 +52,10 @@ n=0
 while read -r lib; do
   [ -n "$lib" ] || continue
   real=$(readlink -f "$lib")
-  case "$real" in "$mc_abs"/*) continue ;; esac # Mooncake's own: in /mooncake/lib
+  case "$real" in "$mc_abs"/*) # Mooncake's own (libasio.so): beside libmooncake_store.so
+    cp -L "$lib" "$out/rootfs/mooncake/lib/"
+    continue ;;
+  esac
   mkdir -p "$out/rootfs$(dirname "$lib")"
   cp -L "$lib" "$out/rootfs$lib"
   n=$((n + 1))
