@@ -162,5 +162,32 @@ compose-down:
 compose-test: build
 	scripts/compose-test.sh
 
+# The compose cluster with its payloads in Mooncake: docker-compose.mooncake.yml
+# over docker-compose.yml, the image embcache-mooncake:dev (bin/embcache-mooncake,
+# the Mooncake install of MOONCAKE_DIR, the shared libraries they load).
+.PHONY: image-mooncake compose-up-mooncake compose-test-mooncake
+COMPOSE_MOONCAKE := -f docker-compose.yml -f docker-compose.mooncake.yml
+MOONCAKE_IF_BUNDLE := $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
+
+## image-mooncake: the FROM-scratch image of bin/embcache-mooncake and the Mooncake Store (its master, its libraries and what they load, from ldd).
+image-mooncake: build-mooncake $(MOONCAKE_IF_BUNDLE)
+	MOONCAKE_DIR=$(MOONCAKE_DIR) scripts/mooncake-image-context.sh build/image-mooncake
+	docker build -q -t embcache-mooncake:dev build/image-mooncake
+
+## compose-up-mooncake: the compose cluster with its workers writing through a Mooncake Store (make compose-down stops it).
+compose-up-mooncake: image image-mooncake
+	$(COMPOSE) -p embcache $(COMPOSE_MOONCAKE) up -d
+
+## compose-test-mooncake: that cluster, a workload through Mooncake, its bytes checked on the master and the workers.
+compose-test-mooncake: build build-mooncake $(MOONCAKE_IF_BUNDLE)
+	MOONCAKE_DIR=$(MOONCAKE_DIR) scripts/compose-test.sh mooncake
+
+# make compose-test covers the Mooncake cluster too when there is a Mooncake
+# (../shared/mooncake's bundle, or MOONCAKE_DIR); integration/compose_test.go,
+# run by test-go, needs it unpacked.
+compose-test: $(if $(MOONCAKE_DIR),compose-test-mooncake,)
+test-go: $(MOONCAKE_IF_BUNDLE)
+test-go: export EMBCACHE_MOONCAKE_DIR = $(MOONCAKE_DIR)
+
 clean:
 	rm -rf $(BIN)
