@@ -90,7 +90,7 @@ func benchRemoteHit(b *testing.B, size int) {
 	// b's cache holds one value: the last one leaves it when the next
 	// lands, as in an agent that has filled its budget.
 	a := startPullNode(b, srv.ClientURL(), "a")
-	bn := startPullNode(b, srv.ClientURL(), "b", coordinator.WithLocalCache(localcache.WithMaxBytes(int64(size)+1<<20)))
+	bn := startPullNode(b, srv.ClientURL(), "b", coordinator.WithLocalCache(localcache.Budget{MaxBytes: int64(size) + 1<<20}))
 	nc, err := coordinator.Connect(srv.ClientURL(), coordinator.ModeStrict)
 	if err != nil {
 		b.Fatal(err)

@@ -167,7 +167,7 @@ func TestOversizedAndFullStores(t *testing.T) {
 	var cnt counter
 
 	small := newCache(t, srv.ClientURL(), payload.NewMemoryStore("test-node", 0),
-		WithLocalCache(localcache.WithMaxBytes(1024)))
+		WithLocalCache(localcache.Budget{MaxBytes: 1024}))
 	if _, err := small.GetOrCompute(ctx, "r", ref(1), cnt.fn(1)); !errors.Is(err, localcache.ErrTooLarge) {
 		t.Fatalf("oversized value: %v", err)
 	}

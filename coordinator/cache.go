@@ -140,14 +140,15 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 		uncommitted: newUncommittedSet()}
 	c.life, c.endLife = context.WithCancelCause(context.Background())
 	c.obs = observations{c}
-	local, err := localcache.New[localKey, *payload.Value](append([]localcache.Option{
-		localcache.WithComputeTimeout(s.computeTimeout),
-		localcache.WithExpiry(c.recordExpiry),
-		localcache.WithOnEvict(func(k localKey, v *payload.Value, cause localcache.Cause) {
+	local, err := localcache.New(localcache.Options[localKey, *payload.Value]{
+		Budget:         s.local,
+		ComputeTimeout: s.computeTimeout,
+		Expiry:         c.recordExpiry,
+		OnEvict: func(k localKey, v *payload.Value, cause localcache.Cause) {
 			v.Close()
 			c.obs.evicted(k, v, cause)
-		}),
-	}, s.local...)...)
+		},
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func (c *Cache) startEvents(ctx context.Context) error {
 	if interval == 0 {
 		interval = min(c.s.storeTTL/4, time.Minute)
 	}
-	l := &eventLink{c: c, pub: events.NewPublisher(c.js, 2, 4096, c.s.logger), interval: interval,
+	l := &eventLink{c: c, pub: events.NewPublisher(c.js, events.PublisherOptions{Workers: 2, Queue: 4096, Logger: c.s.logger}), interval: interval,
 		meta: make(map[localKey]*valueMeta), computing: make(map[localKey]*computeMeta), heard: make(map[labels]uint64),
 		heardAt: make(map[labels]time.Time),
 		stop:    make(chan struct{}), flushed: make(chan struct{})}

@@ -119,7 +119,7 @@ func Invalidate(ctx context.Context, nc *nats.Conn, inv Invalidation) error {
 	if _, err := js.Stream(ctx, events.StreamName); err != nil {
 		return fmt.Errorf("%w: event stream: %w", ErrStoreUnavailable, err)
 	}
-	pub := events.NewPublisher(js, 1, 1, s.logger)
+	pub := events.NewPublisher(js, events.PublisherOptions{Workers: 1, Queue: 1, Logger: s.logger})
 	defer pub.Close(context.WithoutCancel(ctx))
 	_, err = invalidate(ctx, b, pub, s.node+"/invalidate", s.node, inv.Tenant, inv.Model, inv.Epoch, s.storeTTL)
 	return err

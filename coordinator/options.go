@@ -55,7 +55,7 @@ type settings struct {
 	node           string
 	router         *payload.Router
 	payloadSweep   time.Duration
-	local          []localcache.Option
+	local          localcache.Budget
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -122,7 +122,7 @@ type Clock = lease.Clock
 
 // WithClock sets the clock lease deadlines and record ages are measured
 // with (default: the system clock, whose monotonic reading is used). The
-// local cache has its own: WithLocalCache(localcache.WithClock(c)).
+// local cache has its own: WithLocalCache(localcache.Budget{Clock: c}).
 func WithClock(c Clock) Option {
 	return func(s *settings) error {
 		if c == nil {
@@ -297,9 +297,16 @@ func WithPayload(r *payload.Router) Option {
 	}
 }
 
-// WithLocalCache passes options to the in-process cache (budget, TTL, clock).
-func WithLocalCache(opts ...localcache.Option) Option {
-	return func(s *settings) error { s.local = append(s.local, opts...); return nil }
+// WithLocalCache sets the in-process cache's budget, TTL and clock (its
+// zero fields are localcache's defaults); the Cache sets its hooks.
+func WithLocalCache(b localcache.Budget) Option {
+	return func(s *settings) error {
+		if b.MaxBytes < 0 || b.MaxEntries < 0 || b.TTL < 0 {
+			return fmt.Errorf("%w: local cache budget %+v has a negative field", ErrInvalidOption, b)
+		}
+		s.local = b
+		return nil
+	}
 }
 
 // WithEvents turns the event stream on: the Cache publishes published,

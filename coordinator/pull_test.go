@@ -30,7 +30,11 @@ func newShmNode(t *testing.T, name string, opts ...shm.Option) *shmNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httppull.NewServer(store))
+	h, err := httppull.NewServer(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	tr, err := httppull.NewTransport(name, srv.URL, store, httppull.WithHTTPClient(srv.Client()))
 	if err != nil {

@@ -26,7 +26,7 @@ func lateInvalidation(t *testing.T, c *Cache, read time.Time, tenant, model stri
 	if err := c.bucket().PutTombstone(ctx, tenant, model, epoch, tomb, lease.TombstoneTTL(c.s.storeTTL)); err != nil {
 		t.Fatal(err)
 	}
-	pub := events.NewPublisher(c.js, 1, 1, slog.Default())
+	pub := events.NewPublisher(c.js, events.PublisherOptions{Workers: 1, Queue: 1, Logger: slog.Default()})
 	defer pub.Close(ctx)
 	e := &events.Event{Kind: events.KindInvalidated, Tenant: tenant, Key: events.InvalidationKey(model, epoch),
 		Model: model, Epoch: epoch, Node: "other-node", Time: read}

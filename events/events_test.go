@@ -115,7 +115,7 @@ func FuzzDecode(f *testing.F) {
 func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
 	ctx := context.Background()
 	_, _, js := server(t)
-	pub := NewPublisher(js, 2, 64, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 2, Queue: 64})
 	defer pub.Close(ctx)
 	var mu sync.Mutex
 	var got []Event
@@ -162,7 +162,7 @@ func TestSubscribeFiltersSkipsGarbageAndResumes(t *testing.T) {
 func TestPublisherDropsWhenFullAndCountsErrors(t *testing.T) {
 	srv, _, js := server(t)
 	srv.Shutdown() // every publish now fails after its timeout: the queue fills
-	pub := NewPublisher(js, 1, 2, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 1, Queue: 2})
 	pub.timeout = 200 * time.Millisecond
 	start := time.Now()
 	for i := range 10 {
@@ -194,7 +194,7 @@ func TestPublisherDropsWhenFullAndCountsErrors(t *testing.T) {
 func TestReplayRebuildsLiveSet(t *testing.T) {
 	ctx := context.Background()
 	_, _, js := server(t)
-	pub := NewPublisher(js, 1, 64, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 1, Queue: 64})
 	defer pub.Close(ctx)
 	running := NewState()
 	emit := func(e *Event) {
@@ -253,7 +253,7 @@ func waitUntil(t *testing.T, cond func() bool) {
 
 func TestPublisherCloseFlushes(t *testing.T) {
 	_, _, js := server(t)
-	pub := NewPublisher(js, 2, 256, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 2, Queue: 256})
 	for i := range 200 {
 		if !pub.Publish(published("acme", byte(i), now.Add(time.Hour))) {
 			t.Fatal("dropped with room in the queue")
@@ -291,9 +291,9 @@ func BenchmarkPublish(b *testing.B) {
 			}
 			var pub *Publisher
 			if !full {
-				pub = NewPublisher(js, 2, 1<<20, nil)
+				pub = NewPublisher(js, PublisherOptions{Workers: 2, Queue: 1 << 20})
 			} else {
-				pub = NewPublisher(js, 1, 1, nil)
+				pub = NewPublisher(js, PublisherOptions{Workers: 1, Queue: 1})
 				pub.timeout = time.Second
 				for range 3 {
 					pub.Publish(published("acme", 1, now.Add(time.Hour)))
@@ -445,7 +445,7 @@ func TestALateEndOfAnEarlierValueDoesNotEndTheNext(t *testing.T) {
 func TestNewSubscriptionLosesNothingToAReset(t *testing.T) {
 	ctx := context.Background()
 	_, _, js := server(t)
-	pub := NewPublisher(js, 2, 64, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 2, Queue: 64})
 	defer pub.Close(ctx)
 	seen := make(chan Event, 10)
 	sub, err := Subscribe(ctx, js, SubscribeOptions{Tenants: []string{"acme"}, New: true}, func(e Event) error { seen <- e; return nil })
@@ -487,7 +487,7 @@ func awaitEvent(t *testing.T, ch <-chan Event, what string) Event {
 func TestNewSubscriptionOutlivesARecreatedStream(t *testing.T) {
 	ctx := context.Background()
 	_, _, js := server(t)
-	pub := NewPublisher(js, 2, 64, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 2, Queue: 64})
 	defer pub.Close(ctx)
 	for i := range byte(5) {
 		if err := pub.PublishSync(ctx, published("acme", 10+i, now.Add(time.Hour))); err != nil {
@@ -546,7 +546,7 @@ func TestAnEventNamesItsOwnPayload(t *testing.T) {
 func TestADeclinedEventIsDeliveredAgain(t *testing.T) {
 	ctx := context.Background()
 	_, _, js := server(t)
-	pub := NewPublisher(js, 2, 64, nil)
+	pub := NewPublisher(js, PublisherOptions{Workers: 2, Queue: 64})
 	defer pub.Close(ctx)
 	declined := make(chan Event, 10)
 	opts := SubscribeOptions{Tenants: []string{"acme"}, Durable: "declines"}

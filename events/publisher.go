@@ -61,8 +61,17 @@ const WarnEvery = 10 * time.Second
 // first, then every AckEvery-th.
 const AckEvery = 64
 
-// NewPublisher starts workers goroutines draining a queue of queueSize.
-func NewPublisher(js jetstream.JetStream, workers, queueSize int, logger *slog.Logger) *Publisher {
+// PublisherOptions configure a Publisher; the zero value of each field is
+// its default.
+type PublisherOptions struct {
+	Workers int          // goroutines publishing (default 2)
+	Queue   int          // events waiting, past which Publish drops (default 1024)
+	Logger  *slog.Logger // drops and errors, at most every WarnEvery (default slog.Default())
+}
+
+// NewPublisher starts o.Workers goroutines draining a queue of o.Queue.
+func NewPublisher(js jetstream.JetStream, o PublisherOptions) *Publisher {
+	workers, queueSize, logger := o.Workers, o.Queue, o.Logger
 	if workers < 1 {
 		workers = 2
 	}

@@ -244,7 +244,7 @@ func connectFaultWorker(h *histWriter) (*coordinator.Cache, *nats.Conn, error) {
 		coordinator.WithReplicas(3), coordinator.WithPayload(plane),
 		coordinator.WithNode("itest-node"), coordinator.WithLeaseTTL(time.Second), coordinator.WithOpTimeout(time.Second),
 		coordinator.WithComputeTimeout(20 * time.Second), coordinator.WithObserver(h), coordinator.WithEvents(0),
-		coordinator.WithClock(clock), coordinator.WithLocalCache(localcache.WithClock(clock))}
+		coordinator.WithClock(clock), coordinator.WithLocalCache(localcache.Budget{Clock: clock})}
 	if os.Getenv("EMBCACHE_TENANT_MODE") == "1" {
 		opts = append(opts, coordinator.WithTenants(faultTenants...))
 	}

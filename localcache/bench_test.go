@@ -22,7 +22,7 @@ func BenchmarkHit(b *testing.B) {
 	}
 	for _, goroutines := range []int{1, 2} {
 		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
-			c, err := New[string, blob](WithMaxEntries(keys))
+			c, err := New(Options[string, blob]{Budget: Budget{MaxEntries: keys}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -46,7 +46,7 @@ type entry[V Value] struct {
 	value   V
 	size    int64
 	expires time.Time
-	fixed   bool // expires is the value's own (WithExpiry): hits do not extend it
+	fixed   bool // expires is the value's own (Options.Expiry): hits do not extend it
 	pins    int
 	// detached: removed from the index while pinned (invalidated or
 	// expired); it is dropped, with this cause, on its final release.
@@ -54,48 +54,20 @@ type entry[V Value] struct {
 	sum      uint64
 }
 
-// New returns an empty cache. Hooks given through options must match K and
-// V; a mismatch is ErrInvalidOption.
-func New[K comparable, V Value](opts ...Option) (*Cache[K, V], error) {
+// New returns an empty cache. An option out of range is ErrInvalidOption
+// (Options.Validate).
+func New[K comparable, V Value](o Options[K, V]) (*Cache[K, V], error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
 	c := &Cache[K, V]{
-		s: settings{
-			maxBytes:       DefaultMaxBytes,
-			maxEntries:     DefaultMaxEntries,
-			ttl:            DefaultTTL,
-			clock:          systemClock{},
-			computeTimeout: DefaultComputeTimeout,
-		},
+		s:        o.settings(),
+		onEvict:  o.OnEvict,
+		clone:    o.CloneOnGet,
+		checksum: o.Checksum, onMutation: o.OnMutation,
+		expiry:   o.Expiry,
 		requests: make(map[string]*pinSet[V]),
 		flights:  make(map[K]*flight[V]),
-	}
-	for _, opt := range opts {
-		if err := opt(&c.s); err != nil {
-			return nil, err
-		}
-	}
-	var ok bool
-	if c.s.onEvict != nil {
-		if c.onEvict, ok = c.s.onEvict.(func(K, V, Cause)); !ok {
-			return nil, fmt.Errorf("%w: eviction callback is %T, want func(%T, %T, Cause)", ErrInvalidOption, c.s.onEvict, *new(K), *new(V))
-		}
-	}
-	if c.s.clone != nil {
-		if c.clone, ok = c.s.clone.(func(V) V); !ok {
-			return nil, fmt.Errorf("%w: clone is %T, want func(%T) %T", ErrInvalidOption, c.s.clone, *new(V), *new(V))
-		}
-	}
-	if c.s.checksum != nil {
-		if c.checksum, ok = c.s.checksum.(func(V) uint64); !ok {
-			return nil, fmt.Errorf("%w: checksum is %T, want func(%T) uint64", ErrInvalidOption, c.s.checksum, *new(V))
-		}
-		if c.onMutation, ok = c.s.onMutation.(func(K)); !ok {
-			return nil, fmt.Errorf("%w: mutation callback is %T, want func(%T)", ErrInvalidOption, c.s.onMutation, *new(K))
-		}
-	}
-	if c.s.expiry != nil {
-		if c.expiry, ok = c.s.expiry.(func(K, V) (time.Time, bool)); !ok {
-			return nil, fmt.Errorf("%w: expiry is %T, want func(%T, %T) (time.Time, bool)", ErrInvalidOption, c.s.expiry, *new(K), *new(V))
-		}
 	}
 	lru, err := simplelru.NewLRU[K, *entry[V]](math.MaxInt32, nil)
 	if err != nil {

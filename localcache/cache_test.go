@@ -40,12 +40,18 @@ func (l *evictLog) cause(k string) Cause {
 	return l.causes[k]
 }
 
-func newTestCache(t *testing.T, opts ...Option) (*Cache[string, blob], *fakeclock.Clock, *evictLog) {
+// newTestCache is a cache of o, on a fake clock, with a TTL of a minute
+// and its evictions logged.
+func newTestCache(t *testing.T, o ...Options[string, blob]) (*Cache[string, blob], *fakeclock.Clock, *evictLog) {
 	t.Helper()
 	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	log := &evictLog{}
-	base := []Option{WithClock(clock), WithTTL(time.Minute), WithOnEvict(log.record)}
-	c, err := New[string, blob](append(base, opts...)...)
+	var opts Options[string, blob]
+	if len(o) > 0 {
+		opts = o[0]
+	}
+	opts.Clock, opts.TTL, opts.OnEvict = clock, time.Minute, log.record
+	c, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +66,7 @@ func mustPut(t *testing.T, c *Cache[string, blob], req, key string, v blob) {
 }
 
 func TestLRUEvictsByBytes(t *testing.T) {
-	c, _, log := newTestCache(t, WithMaxBytes(300))
+	c, _, log := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 300}})
 	mustPut(t, c, "", "a", make(blob, 100))
 	mustPut(t, c, "", "b", make(blob, 100))
 	mustPut(t, c, "", "c", make(blob, 100))
@@ -81,7 +87,7 @@ func TestLRUEvictsByBytes(t *testing.T) {
 }
 
 func TestLRUEvictsByCount(t *testing.T) {
-	c, _, log := newTestCache(t, WithMaxEntries(2))
+	c, _, log := newTestCache(t, Options[string, blob]{Budget: Budget{MaxEntries: 2}})
 	for _, k := range []string{"a", "b", "c"} {
 		mustPut(t, c, "", k, blob(k))
 	}
@@ -117,7 +123,7 @@ func TestTTLEviction(t *testing.T) {
 }
 
 func TestPinnedSurvivesTTLAndSize(t *testing.T) {
-	c, clock, log := newTestCache(t, WithMaxBytes(200))
+	c, clock, log := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 200}})
 	mustPut(t, c, "stream", "voice", make(blob, 100)) // inserted pinned
 	clock.Advance(10 * time.Minute)
 	for _, k := range []string{"x", "y", "z"} {
@@ -144,7 +150,7 @@ func TestPinnedSurvivesTTLAndSize(t *testing.T) {
 }
 
 func TestPinnedHoldsAboveBudgetUntilReleased(t *testing.T) {
-	c, _, _ := newTestCache(t, WithMaxBytes(200))
+	c, _, _ := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 200}})
 	mustPut(t, c, "r1", "a", make(blob, 150))
 	mustPut(t, c, "r2", "b", make(blob, 150))
 	if s := c.Stats(); s.Bytes != 300 || s.Entries != 2 {
@@ -191,7 +197,7 @@ func TestPutFirstWriterWins(t *testing.T) {
 }
 
 func TestOversizedRefused(t *testing.T) {
-	c, _, _ := newTestCache(t, WithMaxBytes(10))
+	c, _, _ := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 10}})
 	if err := c.Put("r", "k", make(blob, 11)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("Put: %v", err)
 	}
@@ -250,7 +256,7 @@ func TestTouch(t *testing.T) {
 }
 
 func TestCloneOnGet(t *testing.T) {
-	c, _, _ := newTestCache(t, WithCloneOnGet(func(b blob) blob { return bytes.Clone(b) }))
+	c, _, _ := newTestCache(t, Options[string, blob]{CloneOnGet: func(b blob) blob { return bytes.Clone(b) }})
 	mustPut(t, c, "", "k", blob("abc"))
 	v, _, _ := c.Get("r", "k")
 	v[0] = 'X'
@@ -271,11 +277,11 @@ func TestMutationGuard(t *testing.T) {
 		}
 		return h
 	}
-	c, _, _ := newTestCache(t, WithMutationGuard(sum, func(k string) {
+	c, _, _ := newTestCache(t, Options[string, blob]{Checksum: sum, OnMutation: func(k string) {
 		mu.Lock()
 		reported = append(reported, k)
 		mu.Unlock()
-	}))
+	}})
 	mustPut(t, c, "", "k", blob("abc"))
 	v, _, _ := c.Get("r", "k")
 	v[1] = 'Z' // a holder writes into a shared value
@@ -290,14 +296,11 @@ func TestMutationGuard(t *testing.T) {
 }
 
 func TestOptionsValidated(t *testing.T) {
-	for _, opt := range []Option{WithMaxBytes(0), WithMaxEntries(-1), WithTTL(0), WithClock(nil), WithComputeTimeout(-time.Second)} {
-		if _, err := New[string, blob](opt); !errors.Is(err, ErrInvalidOption) {
-			t.Fatalf("got %v, want ErrInvalidOption", err)
+	for _, o := range []Options[string, blob]{{Budget: Budget{MaxBytes: -1}}, {Budget: Budget{MaxEntries: -1}},
+		{Budget: Budget{TTL: -time.Second}}, {ComputeTimeout: -time.Second}, {OnMutation: func(string) {}}} {
+		if _, err := New(o); !errors.Is(err, ErrInvalidOption) {
+			t.Fatalf("%+v: got %v, want ErrInvalidOption", o, err)
 		}
-	}
-	wrong := WithOnEvict(func(int, blob, Cause) {})
-	if _, err := New[string, blob](wrong); !errors.Is(err, ErrInvalidOption) {
-		t.Fatalf("mistyped hook: %v", err)
 	}
 	c, _, _ := newTestCache(t)
 	if _, _, err := c.Get("", "k"); !errors.Is(err, ErrNoRequest) {
@@ -309,9 +312,9 @@ func TestOptionsValidated(t *testing.T) {
 // it, Touch does; others slide as before.
 func TestFixedExpiry(t *testing.T) {
 	var base time.Time
-	c, clock, log := newTestCache(t, WithExpiry(func(k string, _ blob) (time.Time, bool) {
+	c, clock, log := newTestCache(t, Options[string, blob]{Expiry: func(k string, _ blob) (time.Time, bool) {
 		return base.Add(10 * time.Second), k != "sliding"
-	}))
+	}})
 	base = clock.Now()
 	mustPut(t, c, "", "fixed", blob("f"))
 	mustPut(t, c, "", "touched", blob("t"))

@@ -12,7 +12,7 @@ type embedding []float32
 func (e embedding) Size() int64 { return int64(4 * len(e)) }
 
 func Example() {
-	cache, err := localcache.New[string, embedding](localcache.WithMaxBytes(1 << 30))
+	cache, err := localcache.New(localcache.Options[string, embedding]{Budget: localcache.Budget{MaxBytes: 1 << 30}})
 	if err != nil {
 		panic(err)
 	}

@@ -126,7 +126,7 @@ func TestWaiterCancelLeavesComputeRunning(t *testing.T) {
 
 func TestComputeTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c, _, _ := newTestCache(t, WithComputeTimeout(5*time.Second))
+		c, _, _ := newTestCache(t, Options[string, blob]{ComputeTimeout: 5 * time.Second})
 		stuck := make(chan struct{})
 		start := time.Now()
 		_, err := c.GetOrCompute(t.Context(), "r", "k", func(context.Context) (blob, error) {

@@ -39,7 +39,7 @@ func (l liar) Size() int64 { return int64(l) }
 func TestEvictUnknownCause(t *testing.T) {
 	for _, cause := range []Cause{0, 200} {
 		t.Run(cause.String(), func(t *testing.T) {
-			c, _, log := newTestCache(t, WithMaxBytes(100))
+			c, _, log := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 100}})
 			mustPut(t, c, "r", "pinned", make(blob, 10))
 			mustPut(t, c, "", "free", make(blob, 10))
 			if !c.Evict("pinned", cause) || !c.Evict("free", cause) {
@@ -101,14 +101,14 @@ func TestInvalidateUnknownCauseDiscardsCompute(t *testing.T) {
 // TestNilValueIsAnError: Put of a nil value is ErrInvalidValue, not a
 // panic in Size.
 func TestNilValueIsAnError(t *testing.T) {
-	c, err := New[string, *tensor]()
+	c, err := New(Options[string, *tensor]{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Put("r", "k", nil); !errors.Is(err, ErrInvalidValue) {
 		t.Fatalf("Put(nil): %v", err)
 	}
-	ci, err := New[string, Value]() // a V that is an interface
+	ci, err := New(Options[string, Value]{}) // a V that is an interface
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestNilValueIsAnError(t *testing.T) {
 // ErrInvalidValue for its waiters; the key can be computed again. (Size
 // ran in the compute's goroutine, outside any recover: the process died.)
 func TestNilComputeIsAnError(t *testing.T) {
-	c, err := New[string, *tensor]()
+	c, err := New(Options[string, *tensor]{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestNilComputeIsAnError(t *testing.T) {
 	}
 	c.Release("r")
 
-	ci, err := New[string, Value]()
+	ci, err := New(Options[string, Value]{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestNilComputeIsAnError(t *testing.T) {
 
 // TestSizePanicIsAnError: a Size that panics is ErrInvalidValue.
 func TestSizePanicIsAnError(t *testing.T) {
-	c, err := New[string, *bomb]()
+	c, err := New(Options[string, *bomb]{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestSizePanicIsAnError(t *testing.T) {
 // TestNegativeSizeIsInvalid: a negative size is ErrInvalidValue, not
 // ErrTooLarge (it is not larger than anything).
 func TestNegativeSizeIsInvalid(t *testing.T) {
-	c, err := New[string, liar](WithMaxBytes(100))
+	c, err := New(Options[string, liar]{Budget: Budget{MaxBytes: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestNegativeSizeIsInvalid(t *testing.T) {
 // ErrTooLarge beside pinned ones; the byte count never wraps (it did, to a
 // negative count under which nothing was evicted).
 func TestHugeValuesDoNotOverflow(t *testing.T) {
-	c, err := New[string, liar](WithMaxBytes(math.MaxInt64))
+	c, err := New(Options[string, liar]{Budget: Budget{MaxBytes: math.MaxInt64}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestHugeValuesDoNotOverflow(t *testing.T) {
 		t.Fatalf("after the compute: %+v", s)
 	}
 	// Pinned, so nothing can be evicted to make room.
-	c2, _ := New[string, liar](WithMaxBytes(math.MaxInt64))
+	c2, _ := New(Options[string, liar]{Budget: Budget{MaxBytes: math.MaxInt64}})
 	if err := c2.Put("r", "a", liar(math.MaxInt64)); err != nil {
 		t.Fatal(err)
 	}
@@ -309,11 +309,9 @@ func TestPropertiesMore(t *testing.T) {
 			}
 		}
 		fixed := rapid.Bool().Draw(t, "fixed")
-		c, err := New[string, blob](WithMaxBytes(maxBytes), WithMaxEntries(maxEntries),
-			WithTTL(time.Minute), WithClock(clock), WithOnEvict(onEvict),
-			WithExpiry(func(k string, _ blob) (time.Time, bool) {
-				return clock.Now().Add(30 * time.Second), fixed && k < "e"
-			}))
+		c, err := New(Options[string, blob]{Budget: Budget{MaxBytes: maxBytes, MaxEntries: maxEntries, TTL: time.Minute, Clock: clock}, OnEvict: onEvict, Expiry: func(k string, _ blob) (time.Time, bool) {
+			return clock.Now().Add(30 * time.Second), fixed && k < "e"
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -420,7 +418,7 @@ func TestPropertiesMore(t *testing.T) {
 // caller gets its own key's value, and once every request is released the
 // byte and pin counts agree with the contents.
 func TestConcurrentFlights(t *testing.T) {
-	c, _, _ := newTestCache(t, WithMaxBytes(64), WithMaxEntries(4))
+	c, _, _ := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 64, MaxEntries: 4}})
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
 	var running [6]atomic.Int32
 	var computes atomic.Int32
@@ -474,7 +472,7 @@ func TestConcurrentFlights(t *testing.T) {
 // resources are released (the coordinator closes a value's mapping there:
 // it was left open).
 func TestATooLargeComputeGoesToOnEvict(t *testing.T) {
-	c, _, log := newTestCache(t, WithMaxBytes(100))
+	c, _, log := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 100}})
 	_, err := c.GetOrCompute(context.Background(), "r", "big", func(context.Context) (blob, error) {
 		return make(blob, 101), nil
 	})

@@ -12,24 +12,6 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// Option configures a Cache.
-type Option func(*settings) error
-
-// settings holds the options. The hooks are typed by the Cache's K and V,
-// which options do not know: New checks their types.
-type settings struct {
-	maxBytes       int64
-	maxEntries     int
-	ttl            time.Duration
-	clock          Clock
-	computeTimeout time.Duration
-	onEvict        any // func(K, V, Cause)
-	clone          any // func(V) V
-	checksum       any // func(V) uint64
-	onMutation     any // func(K)
-	expiry         any // func(K, V) (time.Time, bool)
-}
-
 // Defaults: the RFC's sizing (256 entries of 8 MB) and compute timeout (30 s).
 const (
 	DefaultMaxBytes       = 2 << 30
@@ -38,109 +20,94 @@ const (
 	DefaultComputeTimeout = 30 * time.Second
 )
 
-// WithMaxBytes bounds the bytes held (by Value.Size). Pinned entries count
-// but are never evicted, so pins can hold the cache above it until released.
-func WithMaxBytes(n int64) Option {
-	return func(s *settings) error {
-		if n <= 0 {
-			return fmt.Errorf("%w: max bytes must be > 0, got %d", ErrInvalidOption, n)
-		}
-		s.maxBytes = n
-		return nil
-	}
+// Budget is what a Cache may hold, and for how long. The zero value of
+// each field is its default.
+type Budget struct {
+	// MaxBytes bounds the bytes held (by Value.Size). Pinned entries count
+	// but are never evicted, so pins can hold the cache above it until
+	// released. Default DefaultMaxBytes.
+	MaxBytes int64
+	// MaxEntries bounds the number of entries. Default DefaultMaxEntries.
+	MaxEntries int
+	// TTL is how long an entry lives after its last hit. Default
+	// DefaultTTL.
+	TTL time.Duration
+	// Clock is what TTLs are measured with. Default: the system clock.
+	Clock Clock
 }
 
-// WithMaxEntries bounds the number of entries.
-func WithMaxEntries(n int) Option {
-	return func(s *settings) error {
-		if n <= 0 {
-			return fmt.Errorf("%w: max entries must be > 0, got %d", ErrInvalidOption, n)
-		}
-		s.maxEntries = n
-		return nil
-	}
+// Options configure a Cache: its Budget, and hooks typed by its K and V.
+// The zero value of each field is its default; a nil hook is none.
+type Options[K comparable, V Value] struct {
+	Budget
+	// ComputeTimeout bounds a compute: its context ends after it, and its
+	// waiters get ErrComputeTimeout then even if the function ignores it.
+	// Default DefaultComputeTimeout.
+	ComputeTimeout time.Duration
+	// OnEvict hears every entry that leaves the cache. It runs outside
+	// the cache's lock, so it may call the cache.
+	OnEvict func(key K, value V, cause Cause)
+	// CloneOnGet makes every hit return CloneOnGet(value): a caller that
+	// mutates what it got cannot corrupt the cached entry.
+	CloneOnGet func(V) V
+	// Checksum is a debug guard: each value is checksummed on insert and
+	// again whenever a pin on it is released; a mismatch means some holder
+	// wrote into a shared value. It is counted in Stats.Mutations and
+	// reported to OnMutation (which may be nil). It costs a pass over the
+	// value per release.
+	Checksum   func(V) uint64
+	OnMutation func(K)
+	// Expiry gives entries a fixed expiry: when a value is inserted,
+	// Expiry(key, value) returns when it must go (true), or false for the
+	// sliding TTL. An entry with a fixed expiry is not extended by hits,
+	// only by Touch. Expiry runs under the cache's lock: keep it cheap and
+	// do not call the cache.
+	Expiry func(K, V) (time.Time, bool)
 }
 
-// WithTTL sets how long an entry lives after its last hit.
-func WithTTL(d time.Duration) Option {
-	return func(s *settings) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: ttl must be > 0, got %v", ErrInvalidOption, d)
-		}
-		s.ttl = d
-		return nil
+// Validate reports a field out of range, or a hook without the one it
+// needs, as ErrInvalidOption.
+func (o Options[K, V]) Validate() error {
+	switch {
+	case o.MaxBytes < 0:
+		return fmt.Errorf("%w: max bytes must be >= 0, got %d", ErrInvalidOption, o.MaxBytes)
+	case o.MaxEntries < 0:
+		return fmt.Errorf("%w: max entries must be >= 0, got %d", ErrInvalidOption, o.MaxEntries)
+	case o.TTL < 0:
+		return fmt.Errorf("%w: ttl must be >= 0, got %v", ErrInvalidOption, o.TTL)
+	case o.ComputeTimeout < 0:
+		return fmt.Errorf("%w: compute timeout must be >= 0, got %v", ErrInvalidOption, o.ComputeTimeout)
+	case o.OnMutation != nil && o.Checksum == nil:
+		return fmt.Errorf("%w: OnMutation without a Checksum", ErrInvalidOption)
 	}
+	return nil
 }
 
-// WithExpiry gives entries a fixed expiry: when a value is inserted,
-// expiry(key, value) returns when it must go (true), or false for the
-// sliding TTL. An entry with a fixed expiry is not extended by hits, only
-// by Touch. expiry runs under the cache's lock: keep it cheap and do not
-// call the cache.
-func WithExpiry[K comparable, V Value](expiry func(K, V) (time.Time, bool)) Option {
-	return func(s *settings) error {
-		if expiry == nil {
-			return fmt.Errorf("%w: nil expiry", ErrInvalidOption)
-		}
-		s.expiry = expiry
-		return nil
-	}
+// settings are the options with their defaults in place.
+type settings struct {
+	maxBytes       int64
+	maxEntries     int
+	ttl            time.Duration
+	clock          Clock
+	computeTimeout time.Duration
 }
 
-// WithClock injects the clock that TTLs are measured with.
-func WithClock(c Clock) Option {
-	return func(s *settings) error {
-		if c == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
-		}
-		s.clock = c
-		return nil
+func (o Options[K, V]) settings() settings {
+	s := settings{maxBytes: o.MaxBytes, maxEntries: o.MaxEntries, ttl: o.TTL, clock: o.Clock, computeTimeout: o.ComputeTimeout}
+	if s.maxBytes == 0 {
+		s.maxBytes = DefaultMaxBytes
 	}
-}
-
-// WithComputeTimeout bounds a compute: its context ends after d, and its
-// waiters get ErrComputeTimeout then even if the function ignores it.
-func WithComputeTimeout(d time.Duration) Option {
-	return func(s *settings) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: compute timeout must be > 0, got %v", ErrInvalidOption, d)
-		}
-		s.computeTimeout = d
-		return nil
+	if s.maxEntries == 0 {
+		s.maxEntries = DefaultMaxEntries
 	}
-}
-
-// WithOnEvict registers a callback for every entry that leaves the cache.
-// It runs outside the cache's lock, so it may call the cache.
-func WithOnEvict[K comparable, V Value](fn func(key K, value V, cause Cause)) Option {
-	return func(s *settings) error {
-		s.onEvict = fn
-		return nil
+	if s.ttl == 0 {
+		s.ttl = DefaultTTL
 	}
-}
-
-// WithCloneOnGet makes every hit return clone(value): a caller that
-// mutates what it got cannot corrupt the cached entry.
-func WithCloneOnGet[V Value](clone func(V) V) Option {
-	return func(s *settings) error {
-		if clone == nil {
-			return fmt.Errorf("%w: nil clone function", ErrInvalidOption)
-		}
-		s.clone = clone
-		return nil
+	if s.clock == nil {
+		s.clock = systemClock{}
 	}
-}
-
-// WithMutationGuard is a debug guard: it checksums each value on insert and
-// again whenever a pin on it is released; a mismatch means some holder
-// wrote into a shared value. It is counted in Stats.Mutations and reported
-// to onMutation (which may be nil). It costs a pass over the value per release.
-func WithMutationGuard[K comparable, V Value](checksum func(V) uint64, onMutation func(K)) Option {
-	return func(s *settings) error {
-		if checksum == nil {
-			return fmt.Errorf("%w: nil checksum function", ErrInvalidOption)
-		}
-		s.checksum, s.onMutation = checksum, onMutation
-		return nil
+	if s.computeTimeout == 0 {
+		s.computeTimeout = DefaultComputeTimeout
 	}
+	return s
 }

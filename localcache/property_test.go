@@ -26,8 +26,7 @@ func TestProperties(t *testing.T) {
 				evictedPinned = fmt.Sprintf("%s (value %d, %d pins) evicted by %v", k, id, pinsOf[id], cause)
 			}
 		}
-		c, err := New[string, blob](WithMaxBytes(maxBytes), WithMaxEntries(maxEntries),
-			WithTTL(time.Minute), WithClock(clock), WithOnEvict(onEvict))
+		c, err := New(Options[string, blob]{Budget: Budget{MaxBytes: maxBytes, MaxEntries: maxEntries, TTL: time.Minute, Clock: clock}, OnEvict: onEvict})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -222,8 +222,12 @@ func (n *Node) listenHTTP() (*httppull.Transport, error) {
 		l.Close()
 		return nil, err
 	}
-	n.server = &http.Server{Handler: httppull.NewServer(n.store, sopts...), ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout: 2 * time.Minute}
+	h, err := httppull.NewServer(n.store, sopts...)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	n.server = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	n.addr, n.adv = l.Addr().String(), adv
 	go n.server.Serve(l)
 	return tr, nil

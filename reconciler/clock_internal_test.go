@@ -25,7 +25,7 @@ func TestAnInvalidationPurgesNothingWithinTheAllowanceOfItsExpiry(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := events.NewPublisher(r.js, 1, 16, r.s.logger)
+	pub := events.NewPublisher(r.js, events.PublisherOptions{Workers: 1, Queue: 16, Logger: r.s.logger})
 	defer pub.Close(ctx)
 	x := &expirer{r: r, b: b, pub: pub, events: evs}
 	now := time.Now()

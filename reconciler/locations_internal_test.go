@@ -26,7 +26,7 @@ func locationsWorld(t *testing.T, maxBytes int64, opts ...Option) (*expirer, *pa
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := events.NewPublisher(r.js, 1, 16, r.s.logger)
+	pub := events.NewPublisher(r.js, events.PublisherOptions{Workers: 1, Queue: 16, Logger: r.s.logger})
 	t.Cleanup(func() { pub.Close(context.Background()) })
 	return &expirer{r: r, b: b, pub: pub, events: evs}, store
 }

@@ -36,7 +36,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 	if err != nil {
 		return err
 	}
-	pub := events.NewPublisher(r.js, 1, 1024, r.s.logger)
+	pub := events.NewPublisher(r.js, events.PublisherOptions{Workers: 1, Queue: 1024, Logger: r.s.logger})
 	defer pub.Close(context.Background())
 	x := &expirer{r: r, b: b, pub: pub, events: evs}
 	// Before the durable consumer is handed anything: it then skips what

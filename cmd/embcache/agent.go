@@ -70,7 +70,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	c.nf.o.PullToShm = true
 	opts := []coordinator.Option{coordinator.WithComputeTimeout(c.computeTimeout)}
 	if c.localMaxBytes > 0 {
-		opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(c.localMaxBytes)))
+		opts = append(opts, coordinator.WithLocalCache(localcache.Budget{MaxBytes: c.localMaxBytes}))
 	}
 	// --wait-store counts from here: the node's first try at the store
 	// (one op timeout) is part of the wait, not before it.

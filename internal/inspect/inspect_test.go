@@ -68,7 +68,7 @@ func TestKeysRecordAndSummary(t *testing.T) {
 	if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Replicas: 1}); err != nil {
 		t.Fatal(err)
 	}
-	pub := events.NewPublisher(js, 1, 8, nil)
+	pub := events.NewPublisher(js, events.PublisherOptions{Workers: 1, Queue: 8})
 	obj := payload.ObjectID{Tenant: "acme", Key: cachekey.Key{1}}
 	loc := payload.Location{Transport: payload.TransportMemory, Node: "n", Object: obj.String(), Size: 64, Checksum: payload.Checksum{2}}
 	e := &events.Event{Kind: events.KindPublished, Tenant: "acme", Key: obj.Key, Node: "n", Time: time.Now(),

@@ -20,7 +20,7 @@ func BenchmarkPull(b *testing.B) {
 		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
 			ctx := context.Background()
 			store := payload.NewMemoryStore("a", 0)
-			srv := httptest.NewServer(NewServer(store))
+			srv := httptest.NewServer(newServer(b, store))
 			defer srv.Close()
 			tr, err := NewTransport("a", srv.URL, store)
 			if err != nil {

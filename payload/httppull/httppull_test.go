@@ -39,7 +39,7 @@ func newNode(t *testing.T, name string, tlsOn bool, token string) *node {
 	if token != "" {
 		sopts = append(sopts, WithServerToken(token))
 	}
-	h := NewServer(n.store, sopts...)
+	h := newServer(t, n.store, sopts...)
 	if tlsOn {
 		n.server = httptest.NewTLSServer(h)
 	} else {
@@ -157,7 +157,7 @@ func TestWrongTokenGets401AndNothingElse(t *testing.T) {
 func TestTenantTokens(t *testing.T) {
 	ctx := context.Background()
 	store := payload.NewMemoryStore("a", 0)
-	srv := httptest.NewServer(NewServer(store, WithTenantToken("acme", "acme-token"), WithTenantToken("beta", "beta-token")))
+	srv := httptest.NewServer(newServer(t, store, WithTenantToken("acme", "acme-token"), WithTenantToken("beta", "beta-token")))
 	defer srv.Close()
 	acmeObj := payload.ObjectID{Tenant: "acme", Key: cachekey.Key{1}}
 	betaObj := payload.ObjectID{Tenant: "beta", Key: cachekey.Key{2}}
@@ -246,7 +246,7 @@ func TestCorruptionIsNeverAValue(t *testing.T) {
 		"longer":         payload.NewBlob(append(bytes.Clone(enc), make([]byte, 64)...), sum, nil),
 		"corrupt header": payload.NewBlob(append([]byte("XXXXXXXX"), enc[8:]...), sum, nil),
 	} {
-		srv := httptest.NewServer(NewServer(corruptSource{blob}))
+		srv := httptest.NewServer(newServer(t, corruptSource{blob}))
 		tr, _ := NewTransport("b", "http://127.0.0.1:1", payload.NewMemoryStore("b", 0))
 		loc.Address = srv.URL
 		got, err := tr.Get(ctx, loc)
@@ -282,7 +282,7 @@ func TestServerDown(t *testing.T) {
 func FuzzServePath(f *testing.F) {
 	store := payload.NewMemoryStore("a", 0)
 	loc, _ := store.Put(context.Background(), testObj, value(64))
-	h := NewServer(store)
+	h := newServer(f, store)
 	f.Add("GET", PathPrefix+loc.Object)
 	f.Add("GET", PathPrefix+"acme/../"+testObj.Key.String())
 	f.Add("HEAD", PathPrefix+"%2e%2e/x")
@@ -336,7 +336,7 @@ func TestAClientThatStopsReadingIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: NewServer(src, WithWriteStall(200*time.Millisecond)), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: newServer(t, src, WithWriteStall(200*time.Millisecond)), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	defer srv.Close()
 	c, err := net.Dial("tcp", l.Addr().String())
@@ -371,6 +371,32 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+}
+
+// newServer is NewServer, failing the test on an option it refuses.
+func newServer(t testing.TB, src Source, opts ...ServerOption) *Server {
+	t.Helper()
+	s, err := NewServer(src, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A bad option is payload.ErrInvalidOption, from the server and the
+// transport alike.
+func TestOptionsAreValidated(t *testing.T) {
+	store := payload.NewMemoryStore("a", 0)
+	for _, o := range []ServerOption{WithServerToken(""), WithTenantToken("acme", ""), WithWriteStall(0), WithLogger(nil)} {
+		if _, err := NewServer(store, o); !errors.Is(err, payload.ErrInvalidOption) {
+			t.Fatalf("NewServer: %v, want payload.ErrInvalidOption", err)
+		}
+	}
+	for _, o := range []Option{WithHTTPClient(nil), WithMaxSize(0)} {
+		if _, err := NewTransport("a", "http://127.0.0.1:1", store, o); !errors.Is(err, payload.ErrInvalidOption) {
+			t.Fatalf("NewTransport: %v, want payload.ErrInvalidOption", err)
 		}
 	}
 }

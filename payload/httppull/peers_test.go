@@ -25,7 +25,7 @@ type recorder struct {
 
 func newRecorder(t *testing.T, src Source) *recorder {
 	r := &recorder{}
-	h := NewServer(src)
+	h := newServer(t, src)
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
 		r.auth = append(r.auth, req.Header.Get("Authorization"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -44,21 +45,33 @@ const DefaultWriteStall = 30 * time.Second
 // writeChunk is how much of a body goes out under one write deadline.
 const writeChunk = 4 << 20
 
-// ServerOption configures a Server.
-type ServerOption func(*Server)
+// ServerOption configures a Server. A bad one is payload.ErrInvalidOption.
+type ServerOption func(*Server) error
 
 // WithServerToken requires "Authorization: Bearer <token>" on every request.
-func WithServerToken(token string) ServerOption { return func(s *Server) { s.token = token } }
+func WithServerToken(token string) ServerOption {
+	return func(s *Server) error {
+		if token == "" {
+			return fmt.Errorf("%w: httppull: empty server token", payload.ErrInvalidOption)
+		}
+		s.token = token
+		return nil
+	}
+}
 
 // WithTenantToken adds a bearer token that may pull only tenant's objects:
 // with it, any other object is 401 as if the token were wrong. It turns
 // authentication on, like WithServerToken.
 func WithTenantToken(tenant, token string) ServerOption {
-	return func(s *Server) {
+	return func(s *Server) error {
+		if tenant == "" || token == "" {
+			return fmt.Errorf("%w: httppull: a tenant token needs a tenant and a token", payload.ErrInvalidOption)
+		}
 		if s.tenantTokens == nil {
 			s.tenantTokens = map[string]string{}
 		}
 		s.tenantTokens[token] = tenant
+		return nil
 	}
 }
 
@@ -66,18 +79,37 @@ func WithTenantToken(tenant, token string) ServerOption {
 // stops reading (default DefaultWriteStall): past it the connection is
 // dropped, and with it the value's mapping the handler held (it held it
 // until the client went away).
-func WithWriteStall(d time.Duration) ServerOption { return func(s *Server) { s.writeStall = d } }
+func WithWriteStall(d time.Duration) ServerOption {
+	return func(s *Server) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: httppull: write stall must be > 0, got %v", payload.ErrInvalidOption, d)
+		}
+		s.writeStall = d
+		return nil
+	}
+}
 
 // WithLogger sets where the server logs failures (default: slog.Default()).
-func WithLogger(l *slog.Logger) ServerOption { return func(s *Server) { s.logger = l } }
+func WithLogger(l *slog.Logger) ServerOption {
+	return func(s *Server) error {
+		if l == nil {
+			return fmt.Errorf("%w: httppull: nil logger", payload.ErrInvalidOption)
+		}
+		s.logger = l
+		return nil
+	}
+}
 
-// NewServer returns a handler serving src.
-func NewServer(src Source, opts ...ServerOption) *Server {
+// NewServer returns a handler serving src. A bad option is
+// payload.ErrInvalidOption.
+func NewServer(src Source, opts ...ServerOption) (*Server, error) {
 	s := &Server{src: src, logger: slog.Default(), writeStall: DefaultWriteStall}
 	for _, opt := range opts {
-		opt(s)
+		if err := opt(s); err != nil {
+			return nil, err
+		}
 	}
-	return s
+	return s, nil
 }
 
 // ServeHTTP implements http.Handler.

@@ -47,7 +47,7 @@ type Transport struct {
 	maxSize   int64
 }
 
-// Option configures a Transport.
+// Option configures a Transport. A bad one is payload.ErrInvalidOption.
 type Option func(*Transport) error
 
 // WithHTTPClient sets the client (for TLS: one whose transport trusts the
@@ -56,7 +56,7 @@ type Option func(*Transport) error
 func WithHTTPClient(c *http.Client) Option {
 	return func(t *Transport) error {
 		if c == nil {
-			return errors.New("httppull: nil client")
+			return fmt.Errorf("%w: httppull: nil client", payload.ErrInvalidOption)
 		}
 		t.client = c
 		return nil
@@ -72,7 +72,7 @@ func WithToken(token string) Option { return func(t *Transport) error { t.token 
 func WithMaxSize(n int64) Option {
 	return func(t *Transport) error {
 		if n <= 0 {
-			return fmt.Errorf("httppull: max size must be > 0, got %d", n)
+			return fmt.Errorf("%w: httppull: max size must be > 0, got %d", payload.ErrInvalidOption, n)
 		}
 		t.maxSize = n
 		return nil

@@ -1,10 +1,10 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/embcache/embcache/internal/localdir"
+	"github.com/embcache/embcache/payload"
 )
 
 // Option configures a Store.
@@ -14,7 +14,7 @@ type Option func(*Store) error
 func WithMaxBytes(n int64) Option {
 	return func(s *Store) error {
 		if n <= 0 {
-			return fmt.Errorf("shm: max bytes must be > 0, got %d", n)
+			return fmt.Errorf("%w: shm: max bytes must be > 0, got %d", payload.ErrInvalidOption, n)
 		}
 		s.maxBytes = n
 		return nil
@@ -25,7 +25,7 @@ func WithMaxBytes(n int64) Option {
 func WithNode(node string) Option {
 	return func(s *Store) error {
 		if node == "" {
-			return errors.New("shm: empty node name")
+			return fmt.Errorf("%w: shm: empty node name", payload.ErrInvalidOption)
 		}
 		s.node = node
 		return nil
@@ -54,7 +54,7 @@ func WithGroup(group string) Option {
 	return func(s *Store) error {
 		gid, err := localdir.LookupGroup(group)
 		if err != nil {
-			return fmt.Errorf("shm: %w", err)
+			return fmt.Errorf("%w: shm: %w", payload.ErrInvalidOption, err)
 		}
 		s.group = gid
 		return nil

@@ -106,7 +106,7 @@ func benchLocal(quick bool) ([]benchRow, error) {
 	}
 	var rows []benchRow
 	for _, goroutines := range []int{1, 2} {
-		c, err := localcache.New[int, benchBlob](localcache.WithMaxEntries(keys))
+		c, err := localcache.New(localcache.Options[int, benchBlob]{Budget: localcache.Budget{MaxEntries: keys}})
 		if err != nil {
 			return nil, err
 		}
@@ -193,7 +193,11 @@ func benchPayload(quick bool) ([]benchRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: httppull.NewServer(store), ReadHeaderTimeout: 10 * time.Second}
+	h, err := httppull.NewServer(store)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	defer srv.Close()
 	tr, err := httppull.NewTransport("bench", "http://"+l.Addr().String(), store)

@@ -86,7 +86,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 	case sysNone:
 		return noCache{}, nil
 	case sysLocal:
-		c, err := localcache.New[cachekey.Key, *payload.Value](localcache.WithMaxBytes(cfg.LocalMaxByte))
+		c, err := localcache.New(localcache.Options[cachekey.Key, *payload.Value]{Budget: localcache.Budget{MaxBytes: cfg.LocalMaxByte}})
 		if err != nil {
 			return nil, err
 		}
@@ -98,7 +98,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
 		o := node.Options{NATSURL: cfg.NATS, Name: fmt.Sprintf("p%d", cfg.Proc), ShmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
 			Replicas: cfg.Replicas, LeaseShards: cfg.Shards, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger,
-			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.WithMaxBytes(cfg.LocalMaxByte))}}
+			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.Budget{MaxBytes: cfg.LocalMaxByte})}}
 		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files
 			o.Name, o.ShmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")
 		} else {
@@ -224,7 +224,7 @@ func (h redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 func openRedisSystem(cfg dedupConfig) (*redisSystem, error) {
-	local, err := localcache.New[cachekey.Key, *payload.Value](localcache.WithMaxBytes(cfg.LocalMaxByte))
+	local, err := localcache.New(localcache.Options[cachekey.Key, *payload.Value]{Budget: localcache.Budget{MaxBytes: cfg.LocalMaxByte}})
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +413,11 @@ func openPullPlane(cfg dedupConfig) (*httppull.Transport, *http.Server, error) {
 		l.Close()
 		return nil, nil, err
 	}
-	srv := &http.Server{Handler: httppull.NewServer(store), ReadHeaderTimeout: 10 * time.Second}
+	h, err := httppull.NewServer(store)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	return tr, srv, nil
 }
