@@ -299,17 +299,17 @@ func sessionOf(r *http.Request) *session { return r.Context().Value(sessionKey{}
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return false
 	}
 	if err := exactNames(body, v); err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return false
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -368,7 +368,7 @@ func (s *Server) handleKey(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := s.key(req)
 	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return
 	}
 	reply(w, resp)
@@ -397,7 +397,7 @@ func (s *Server) lookupRequest(w http.ResponseWriter, r *http.Request) (LookupRe
 	}
 	ref, err := s.refOf(req.KeyRef)
 	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return req, coordinator.Ref{}, false
 	}
 	if !sessionOf(r).callsFor(req.Client) {

@@ -364,7 +364,7 @@ func createKeySlot(path string, size int64, group int) (slotMapping, error) {
 	if err := syscall.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		os.Remove(path)
 		if errors.Is(err, syscall.ENOSPC) {
-			return slotMapping{}, fmt.Errorf("%w: key slot of %d bytes: %v", payload.ErrNoSpace, size, err)
+			return slotMapping{}, fmt.Errorf("%w: key slot of %d bytes: %w", payload.ErrNoSpace, size, err)
 		}
 		return slotMapping{}, err
 	}

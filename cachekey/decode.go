@@ -43,7 +43,7 @@ func DecodeConfig(data []byte) (PreprocessingConfig, error) {
 	for dec.More() {
 		t, err := dec.Token()
 		if err != nil {
-			return cfg, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+			return cfg, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		name := t.(string) // an object's keys are strings
 		f, ok := configFieldIndex[name]
@@ -56,14 +56,14 @@ func DecodeConfig(data []byte) (PreprocessingConfig, error) {
 		seen[name] = true
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return cfg, fmt.Errorf("%w: %s: %v", ErrInvalidConfig, name, err)
+			return cfg, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, name, err)
 		}
 		if err := decodeField(reflect.ValueOf(&cfg).Elem().Field(f), raw); err != nil {
-			return cfg, fmt.Errorf("%w: %s: %v", ErrInvalidConfig, name, err)
+			return cfg, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, name, err)
 		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return cfg, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return cfg, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return cfg, fmt.Errorf("%w: data after the config object", ErrInvalidConfig)

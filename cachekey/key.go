@@ -51,7 +51,7 @@ func Parse(s string) (Key, error) {
 		}
 	}
 	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
-		return k, fmt.Errorf("%w: %v", ErrMalformedKey, err)
+		return k, fmt.Errorf("%w: %w", ErrMalformedKey, err)
 	}
 	return k, nil
 }

@@ -32,7 +32,7 @@ func ReadTokens(r io.Reader) ([]uint32, error) {
 	for words.Scan() {
 		v, err := strconv.ParseUint(words.Text(), 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("%w: token %q: %v", ErrInvalidInput, words.Text(), err)
+			return nil, fmt.Errorf("%w: token %q: %w", ErrInvalidInput, words.Text(), err)
 		}
 		tokens = append(tokens, uint32(v))
 	}
@@ -53,7 +53,7 @@ func ParseShape(s string) ([]int64, error) {
 	for part := range strings.SplitSeq(s, ",") {
 		d, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("%w: shape %q: %v", ErrInvalidInput, s, err)
+			return nil, fmt.Errorf("%w: shape %q: %w", ErrInvalidInput, s, err)
 		}
 		dims = append(dims, d)
 	}

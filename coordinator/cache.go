@@ -171,7 +171,7 @@ func New(ctx context.Context, nc *nats.Conn, opts ...Option) (*Cache, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 		if s.mode == ModeStrict {
-			return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(nc), err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, serverNames(nc), err)
 		}
 		s.logger.Warn("embcache: store unreachable, computing locally until it is back",
 			"servers", serverNames(nc), "err", err)
@@ -194,7 +194,7 @@ func Connect(url string, mode Mode, opts ...nats.Option) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, append(base, opts...)...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, url, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, url, err)
 	}
 	return nc, nil
 }

@@ -33,7 +33,7 @@ func (c *Cache) ping(ctx context.Context) error {
 		return fmt.Errorf("%w: %s: not connected", ErrStoreUnavailable, serverNames(c.nc))
 	}
 	if err := c.nc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrStoreUnavailable, serverNames(c.nc), err)
+		return fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, serverNames(c.nc), err)
 	}
 	return nil
 }

@@ -241,7 +241,7 @@ func (s *Server) checkPorts() error {
 	for i, port := range ports {
 		l, err := net.Listen("tcp", net.JoinHostPort(hosts[i], strconv.Itoa(port)))
 		if err != nil {
-			return fmt.Errorf("%w: %s:%d: %v", ErrPortInUse, hosts[i], port, err)
+			return fmt.Errorf("%w: %s:%d: %w", ErrPortInUse, hosts[i], port, err)
 		}
 		l.Close()
 	}

@@ -19,7 +19,7 @@ func (s *Server) applyFiles(o *server.Options) error {
 	if f := s.opts.ConfigFile; f != "" {
 		fromFile, err := server.ProcessConfigFile(f)
 		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, f, err)
+			return fmt.Errorf("%w: %s: %w", ErrInvalidConfig, f, err)
 		}
 		// The file brings accounts, users and permissions; Options keep the rest.
 		o.Accounts, o.Users, o.Nkeys, o.SystemAccount = fromFile.Accounts, fromFile.Users, fromFile.Nkeys, fromFile.SystemAccount
@@ -34,7 +34,7 @@ func (s *Server) applyFiles(o *server.Options) error {
 	ca := s.opts.TLSCA
 	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: s.opts.TLSCert, KeyFile: s.opts.TLSKey, CaFile: ca, Verify: ca != ""})
 	if err != nil {
-		return fmt.Errorf("%w: TLS: %v", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: TLS: %w", ErrInvalidConfig, err)
 	}
 	o.TLSConfig, o.TLS, o.TLSVerify = tc, true, ca != ""
 	return nil
@@ -53,7 +53,7 @@ func (s *Server) ClientTLS() (*tls.Config, error) {
 	}
 	pem, err := os.ReadFile(trusted)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
@@ -63,7 +63,7 @@ func (s *Server) ClientTLS() (*tls.Config, error) {
 	if s.opts.TLSCA != "" {
 		cert, err := tls.LoadX509KeyPair(s.opts.TLSCert, s.opts.TLSKey)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

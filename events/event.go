@@ -118,7 +118,7 @@ func (e *Event) Validate() error {
 		return fmt.Errorf("%w: unknown kind %d", ErrBadEvent, e.Kind)
 	}
 	if err := cachekey.ValidateTenant(e.Tenant); err != nil {
-		return fmt.Errorf("%w: %v", ErrBadEvent, err)
+		return fmt.Errorf("%w: %w", ErrBadEvent, err)
 	}
 	if e.Time.IsZero() {
 		return fmt.Errorf("%w: %v without a time", ErrBadEvent, e.Kind)
@@ -133,7 +133,7 @@ func (e *Event) Validate() error {
 				e.Expires.Sub(e.Time), MaxStoreTTL)
 		}
 		if err := e.Location.Validate(); err != nil {
-			return fmt.Errorf("%w: %v", ErrBadEvent, err)
+			return fmt.Errorf("%w: %w", ErrBadEvent, err)
 		}
 	case KindEvicted:
 		if e.Cause < CauseExpired || e.Cause > CauseExplicit {
@@ -162,7 +162,7 @@ func ParseSubject(subject string) (tenant string, kind Kind, key cachekey.Key, e
 		return "", 0, key, err
 	}
 	if key, err = cachekey.Parse(parts[2]); err != nil {
-		return "", 0, key, fmt.Errorf("%w: %v", ErrBadEvent, err)
+		return "", 0, key, fmt.Errorf("%w: %w", ErrBadEvent, err)
 	}
 	return parts[0], kind, key, nil
 }

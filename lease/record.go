@@ -184,7 +184,7 @@ func BadReason(err error) events.BadReason {
 func (r Record) encode() ([]byte, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadRecord, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadRecord, err)
 	}
 	return b, nil
 }

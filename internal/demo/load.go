@@ -78,7 +78,7 @@ func Load(ctx context.Context, c LoadConfig, progress io.Writer) (*LoadReport, e
 					}
 					select {
 					case <-ctx.Done():
-						return fmt.Errorf("%s: %w (last error: %v)", base, ctx.Err(), err)
+						return fmt.Errorf("%s: %w (last error: %w)", base, ctx.Err(), err)
 					case <-time.After(200 * time.Millisecond):
 					}
 				}

@@ -169,7 +169,7 @@ func (t *Transport) Stream(ctx context.Context, loc payload.Location) (io.ReadCl
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base.Scheme+"://"+base.Host+PathPrefix+loc.Object, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", payload.ErrInvalidLocation, err)
+		return nil, fmt.Errorf("%w: %w", payload.ErrInvalidLocation, err)
 	}
 	if t.token != "" {
 		req.Header.Set("Authorization", "Bearer "+t.token)
@@ -179,7 +179,7 @@ func (t *Transport) Stream(ctx context.Context, loc payload.Location) (io.ReadCl
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: %s: %v", payload.ErrUnavailable, loc.Address, err)
+		return nil, fmt.Errorf("%w: %s: %w", payload.ErrUnavailable, loc.Address, err)
 	}
 	if err := checkResponse(resp, loc); err != nil {
 		resp.Body.Close()
@@ -223,7 +223,7 @@ func pull(ctx context.Context, body io.Reader, buf []byte, want payload.Checksum
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("%w: body ended after %d of %d bytes: %v", payload.ErrCorrupt, off, len(buf), err)
+			return nil, fmt.Errorf("%w: body ended after %d of %d bytes: %w", payload.ErrCorrupt, off, len(buf), err)
 		}
 	}
 	var sum payload.Checksum

@@ -160,7 +160,7 @@ func (s *Store) mapVerified(m *mapping, f *os.File, obj payload.ObjectID, at uni
 	}
 	got, err := sumOf(m.encoding())
 	if err != nil {
-		return fmt.Errorf("%w: %v: %v", payload.ErrCorrupt, obj, err)
+		return fmt.Errorf("%w: %v: %w", payload.ErrCorrupt, obj, err)
 	}
 	if got != m.trailer {
 		s.removeIfSame(obj, m.id)

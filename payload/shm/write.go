@@ -136,7 +136,7 @@ func copyHashing(ctx context.Context, w io.Writer, r io.Reader, size int64) (pay
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				return fmt.Errorf("%w: body ended after %d of %d bytes: %v", payload.ErrCorrupt, off+int64(n), size, err)
+				return fmt.Errorf("%w: body ended after %d of %d bytes: %w", payload.ErrCorrupt, off+int64(n), size, err)
 			}
 			full <- buf[:n] // the hash and the write only read it
 			if _, err := w.Write(buf[:n]); err != nil {
@@ -285,7 +285,7 @@ func (s *Store) put(ctx context.Context, final string, size int64, sum payload.C
 	}
 	if err := unix.Fallocate(int(tmp.Fd()), 0, 0, fileSize); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return proof{}, false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+			return proof{}, false, fmt.Errorf("%w: tmpfs: %w", payload.ErrNoSpace, err)
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) {
 			return proof{}, false, fmt.Errorf("shm: fallocate: %w", err)
@@ -293,7 +293,7 @@ func (s *Store) put(ctx context.Context, final string, size int64, sum payload.C
 	}
 	if err := fill(tmp); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return proof{}, false, fmt.Errorf("%w: tmpfs: %v", payload.ErrNoSpace, err)
+			return proof{}, false, fmt.Errorf("%w: tmpfs: %w", payload.ErrNoSpace, err)
 		}
 		return proof{}, false, fmt.Errorf("shm: %w", err)
 	}
