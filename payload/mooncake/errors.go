@@ -16,6 +16,7 @@ const (
 	codeObjectAlreadyExists = -705
 	codeObjectHasLease      = -706
 	codeLeaseExpired        = -707
+	codeTransferFailed      = -800
 	codeRPCFailed           = -900
 	codeRPCTimeout          = -901
 )
@@ -36,7 +37,8 @@ var (
 
 // CodeError is a failed Mooncake call with its return code. It unwraps to
 // the payload sentinel the code means (payload.ErrNotFound for -704,
-// payload.ErrUnavailable for RPC failures and timeouts, ...).
+// payload.ErrUnavailable for failed transfers, RPC failures and timeouts,
+// ...).
 type CodeError struct {
 	Op   string
 	Code int64
@@ -55,7 +57,7 @@ func (e *CodeError) Unwrap() error {
 		return payload.ErrNotFound
 	case codeObjectHasLease:
 		return ErrBusy
-	case codeLeaseExpired, codeRPCFailed, codeRPCTimeout:
+	case codeLeaseExpired, codeTransferFailed, codeRPCFailed, codeRPCTimeout:
 		return payload.ErrUnavailable
 	}
 	return nil
@@ -75,6 +77,8 @@ func codeName(code int64) string {
 		return "object has a lease"
 	case codeLeaseExpired:
 		return "lease expired"
+	case codeTransferFailed:
+		return "transfer failed: is the process holding the object's segment gone?"
 	case codeRPCFailed:
 		return "RPC failed"
 	case codeRPCTimeout:

@@ -95,6 +95,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"net"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -155,8 +157,10 @@ type Store struct {
 }
 
 // Open loads the library and sets the store up. The error wraps
-// ErrLibrary when the library or a symbol is missing, or is a *CodeError
-// from setup.
+// ErrLibrary when the library or a symbol is missing, is a *CodeError
+// from setup, or, when nothing answers at the master's address, wraps
+// ErrMasterUnreachable (within about CallTimeout: setup itself retries
+// for about 90 s).
 func Open(cfg Config) (*Store, error) {
 	if cfg.Library == "" {
 		cfg.Library = "libmooncake_store.so"
@@ -190,17 +194,67 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cs := func(v string) *C.char { return C.CString(v) }
 	args := []*C.char{cs(cfg.LocalHostname), cs(cfg.MetadataServer), cs(cfg.Protocol), cs(cfg.DeviceName), cs(cfg.MasterServerAddr)}
-	defer func() {
+	// With its master down, setup retries for about 90 s and returns -1.
+	// It runs on a goroutine of its own while the master's address is
+	// dialed: if nothing answers there, Open waits CallTimeout more for
+	// setup, then fails naming the master and leaves setup to finish (and
+	// the store to be destroyed) on its own.
+	start := time.Now()
+	setup := make(chan C.int, 1)
+	go func() {
+		setup <- C.mc_setup(api, s.store, args[0], args[1], C.uint64_t(cfg.GlobalSegmentSize), C.uint64_t(cfg.LocalBufferSize), args[2], args[3], args[4])
 		for _, a := range args {
 			C.free(unsafe.Pointer(a))
 		}
 	}()
-	rc := C.mc_setup(api, s.store, args[0], args[1], C.uint64_t(cfg.GlobalSegmentSize), C.uint64_t(cfg.LocalBufferSize), args[2], args[3], args[4])
-	if rc != 0 {
-		s.release()
-		return nil, &CodeError{Op: "setup", Code: int64(rc)}
+	dialed := make(chan error, 1)
+	go func() { dialed <- dialMaster(cfg.MasterServerAddr, cfg.CallTimeout) }()
+	var unreachable error
+	var waited <-chan time.Time
+	for {
+		select {
+		case rc := <-setup:
+			if rc == 0 {
+				return s, nil
+			}
+			s.release()
+			err := &CodeError{Op: "setup", Code: int64(rc)}
+			if unreachable != nil {
+				return nil, &masterError{master: cfg.MasterServerAddr, since: start, cause: fmt.Errorf("%s (%w)", err.detail(), unreachable)}
+			}
+			return nil, err
+		case err := <-dialed:
+			dialed = nil
+			if err != nil {
+				unreachable, waited = err, time.After(cfg.CallTimeout)
+			}
+		case <-waited:
+			abandonedSetups.Add(1)
+			go func() {
+				defer abandonedSetups.Done()
+				<-setup
+				s.release()
+			}()
+			return nil, &masterError{master: cfg.MasterServerAddr, since: start,
+				cause: fmt.Errorf("setup did not return within %v (%w)", time.Since(start).Round(time.Millisecond), unreachable)}
+		}
 	}
-	return s, nil
+}
+
+// abandonedSetups are the setups Open gave up waiting for, still running.
+var abandonedSetups sync.WaitGroup
+
+// dialMaster reports whether a TCP connection to the master's address
+// can be made within timeout (nil for an address that is not host:port).
+func dialMaster(addr string, timeout time.Duration) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "://") {
+		return nil
+	}
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }
 
 func objectName(obj payload.ObjectID) string { return "embcache/" + obj.String() }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -118,6 +119,7 @@ func TestErrorCodesMap(t *testing.T) {
 		{"get_into:-900", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -900},
 		{"get_into:-901", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -901},
 		{"get_into:-707", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -707},
+		{"get_into:-800", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -800},
 		{"put:-900", func() error {
 			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10))
 			return err
@@ -349,4 +351,36 @@ func TestMasterUnreachableFailsFast(t *testing.T) {
 		}
 	}
 	s.Close() // waits for the get left running
+}
+
+// TestOpenWithoutMaster: with its master down, the real setup retries for
+// about 90 s, then returns -1. When nothing answers at the master's
+// address, Open waits CallTimeout more for setup, then fails naming the
+// master, and setup finishes on its own; a setup that returns is not
+// held back by the dial.
+func TestOpenWithoutMaster(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	lib := buildFake(t)
+	cfg := Config{Library: lib, Protocol: "tcp", MasterServerAddr: addr, CallTimeout: 200 * time.Millisecond}
+	t.Setenv("FAKE_MOONCAKE_SLOW", "setup:1500")
+	start := time.Now()
+	_, err = Open(cfg)
+	took := time.Since(start)
+	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > time.Second ||
+		!strings.Contains(err.Error(), "master "+addr+" unreachable: setup did not return within") ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Open without a master: %v after %v, want ErrMasterUnreachable naming it within about %v", err, took, cfg.CallTimeout)
+	}
+	abandonedSetups.Wait() // the setup left running, and the store it destroys
+	os.Setenv("FAKE_MOONCAKE_SLOW", "")
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("a setup that returns at once: %v", err)
+	}
+	s.Close()
 }
