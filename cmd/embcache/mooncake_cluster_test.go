@@ -140,15 +140,18 @@ func TestMooncakeCluster(t *testing.T) {
 	for _, imgs := range [][]int{{shared}, fresh} {
 		for k, w := range ws {
 			start := time.Now()
-			for img, a := range w.ask(t, imgs...) {
-				took := time.Since(start)
+			got := w.ask(t, imgs...)
+			took := time.Since(start)
+			for img, a := range got {
 				if a.Err != "" || a.Path != "computed" && a.Path != "degraded" && a.Path != "local-hit" {
 					t.Fatalf("node %d, input %d with the master down: %+v, want it answered", k+1, img, a)
 				}
-				if a.Path != "local-hit" && took > 3*time.Second {
-					t.Fatalf("node %d, input %d with the master down: answered in %v (%v in the worker), want within 3 s", k+1, img, took, a.Millis)
-				}
 				slowest = max(slowest, a.Millis)
+			}
+			// A request: about the encoder's 100 ms, a fresh input's
+			// waiting for the others' (one GPU).
+			if took > 3*time.Second {
+				t.Fatalf("node %d with the master down: %d requests answered in %v (%+v), want within 3 s", k+1, len(imgs), took, got)
 			}
 		}
 	}
