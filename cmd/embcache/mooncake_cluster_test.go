@@ -42,9 +42,11 @@ import (
 //     gone or unreadable, nothing is pulled), saying why; a new holder,
 //     and values are shared again.
 //  3. The master is stopped: every request is answered by a compute of its
-//     own, within CallTimeout (the library alone retries each call for
-//     seconds), in the default mode and in strict mode alike (--strict is
-//     about NATS, which is up), and the logs name the master.
+//     own, promptly (the library alone retries each call for seconds; the
+//     transport fails its calls at once while the master is down), at the
+//     outage's start and 6 s into it, in the default mode and in strict
+//     mode alike (--strict is about NATS, which is up), and the logs name
+//     the master. A worker started then exits promptly, naming it.
 //  4. The master starts again on its ports: it has lost its objects, the
 //     holder mounts its segment again by itself, the workers' stores
 //     answer again, and values are shared through Mooncake again.
@@ -130,14 +132,16 @@ func TestMooncakeCluster(t *testing.T) {
 	// 3. The master stopped: every request is answered, by a compute of
 	// its own, promptly, in both modes; a value committed before (shared)
 	// cannot be read and is computed by the node that had not read it.
+	// New inputs at once, and again once the outage has lasted longer
+	// than one of the library's retried calls (about 4.3 s): the stores'
+	// probes of the master have failed meanwhile.
 	c.master.Stop()
 	down := time.Now()
-	var fresh []int
-	for i := range 3 {
-		fresh = append(fresh, 200+i)
-	}
 	slowest = 0
-	for _, imgs := range [][]int{{shared}, fresh} {
+	for round, imgs := range [][]int{{shared}, {200, 201, 202}, {210, 211, 212}} {
+		if round == 2 {
+			time.Sleep(time.Until(down.Add(6 * time.Second))) // the outage's length, not an ordering
+		}
 		for k, w := range ws {
 			start := time.Now()
 			got := w.ask(t, imgs...)
