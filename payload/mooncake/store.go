@@ -636,15 +636,16 @@ func (s *Store) failed(op string, code int64) error {
 func (s *Store) trip(cause error) error {
 	err := &masterError{master: s.cfg.MasterServerAddr, since: time.Now(), cause: cause}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.outage != nil || s.closed {
+		s.mu.Unlock()
 		return err
 	}
 	s.outage = err
-	s.cfg.Logger.Warn("mooncake: master unreachable, calls fail at once until it answers",
-		"master", s.cfg.MasterServerAddr, "err", err)
 	s.probing.Add(1)
 	go s.probe()
+	s.mu.Unlock()
+	s.cfg.Logger.Warn("mooncake: master unreachable, calls fail at once until it answers",
+		"master", s.cfg.MasterServerAddr, "err", err)
 	return err
 }
 
@@ -685,9 +686,9 @@ func (s *Store) probe() {
 	}
 }
 
-// refused is the error a call fails with now (closed, or the master
-// unreachable), or nil; s.mu is held.
-func (s *Store) refused() error {
+// refusedLocked is the error a call fails with now (closed, or the
+// master unreachable), or nil; s.mu is held.
+func (s *Store) refusedLocked() error {
 	if s.closed {
 		return fmt.Errorf("mooncake: %w", payload.ErrClosed)
 	}
@@ -704,7 +705,7 @@ func (s *Store) refused() error {
 func (s *Store) use() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.refused(); err != nil {
+	if err := s.refusedLocked(); err != nil {
 		return err
 	}
 	s.ops.Add(1)

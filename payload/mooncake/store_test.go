@@ -286,7 +286,9 @@ func (b *syncBuffer) String() string {
 func TestMasterUnreachableFailsFast(t *testing.T) {
 	ctx := context.Background()
 	var log syncBuffer
-	const timeout = 200 * time.Millisecond
+	// A call refused at once takes well under timeout, even on a busy
+	// machine under the race detector; one the library holds takes it.
+	const timeout, fast = time.Second, 500 * time.Millisecond
 	s := openFakeLib(t, buildFake(t), Config{CallTimeout: timeout, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	loc, err := s.Put(ctx, obj, value(1000))
 	if err != nil {
@@ -309,29 +311,29 @@ func TestMasterUnreachableFailsFast(t *testing.T) {
 			if err == nil {
 				return
 			}
-			if !errors.Is(err, ErrMasterUnreachable) || took > 100*time.Millisecond || time.Now().After(deadline) {
+			if !errors.Is(err, ErrMasterUnreachable) || took > fast || time.Now().After(deadline) {
 				t.Fatalf("the master answers again: %v in %v, want fast ErrMasterUnreachable, then the value", err, took)
 			}
 		}
 	}
 	// The probe (is_exist) fails until the test says otherwise.
 	t.Setenv("FAKE_MOONCAKE_FAIL", "is_exist:-900")
-	t.Setenv("FAKE_MOONCAKE_SLOW", "get_into:1500")
+	t.Setenv("FAKE_MOONCAKE_SLOW", "get_into:2500")
 	took, err := get()
 	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took < timeout || took > 2*time.Second ||
-		!strings.Contains(err.Error(), "master 127.0.0.1:50051 unreachable: get_into did not return within 200ms") {
+		!strings.Contains(err.Error(), "master 127.0.0.1:50051 unreachable: get_into did not return within 1s") {
 		t.Fatalf("a get that hangs: %v after %v; want ErrMasterUnreachable after %v", err, took, timeout)
 	}
 	for range 3 {
 		took, err = get()
-		if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > 100*time.Millisecond ||
+		if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > fast ||
 			!strings.Contains(err.Error(), "failing at once until it answers") {
 			t.Fatalf("a get while the master is unreachable: %v after %v; want ErrMasterUnreachable at once", err, took)
 		}
 	}
 	start := time.Now()
 	if _, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{11}}, value(10)); !errors.Is(err, ErrMasterUnreachable) ||
-		time.Since(start) > 100*time.Millisecond {
+		time.Since(start) > fast {
 		t.Fatalf("a put while the master is unreachable: %v after %v", err, time.Since(start))
 	}
 	recovered()
@@ -341,7 +343,7 @@ func TestMasterUnreachableFailsFast(t *testing.T) {
 	if _, err := get(); !errors.Is(err, ErrMasterUnreachable) || !errors.As(err, &ce) || ce.Code != -900 {
 		t.Fatalf("an RPC failure: %v", err)
 	}
-	if took, err := get(); !errors.Is(err, ErrMasterUnreachable) || took > 100*time.Millisecond {
+	if took, err := get(); !errors.Is(err, ErrMasterUnreachable) || took > fast {
 		t.Fatalf("after an RPC failure: %v after %v, want ErrMasterUnreachable at once", err, took)
 	}
 	recovered()
@@ -366,12 +368,12 @@ func TestOpenWithoutMaster(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
 	lib := buildFake(t)
-	cfg := Config{Library: lib, Protocol: "tcp", MasterServerAddr: addr, CallTimeout: 200 * time.Millisecond}
-	t.Setenv("FAKE_MOONCAKE_SLOW", "setup:1500")
+	cfg := Config{Library: lib, Protocol: "tcp", MasterServerAddr: addr, CallTimeout: 300 * time.Millisecond}
+	t.Setenv("FAKE_MOONCAKE_SLOW", "setup:2500")
 	start := time.Now()
 	_, err = Open(cfg)
 	took := time.Since(start)
-	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > time.Second ||
+	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > 2*time.Second ||
 		!strings.Contains(err.Error(), "master "+addr+" unreachable: setup did not return within") ||
 		!strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("Open without a master: %v after %v, want ErrMasterUnreachable naming it within about %v", err, took, cfg.CallTimeout)
