@@ -4,6 +4,7 @@ package node
 
 import (
 	"io"
+	"log/slog"
 
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/mooncake"
@@ -18,11 +19,13 @@ type mooncakeTransport interface {
 	io.Closer
 }
 
-// openMooncake opens the Mooncake store node writes to, filling o's defaults.
-func openMooncake(node string, o MooncakeOptions) (mooncakeTransport, error) {
+// openMooncake opens the Mooncake store node writes to, filling o's
+// defaults; logger hears when the store's master stops answering and
+// when it answers again.
+func openMooncake(node string, o MooncakeOptions, logger *slog.Logger) (mooncakeTransport, error) {
 	cfg := mooncake.Config{Library: o.Library, Node: node, LocalHostname: o.LocalHostname, MetadataServer: o.MetadataServer,
 		GlobalSegmentSize: o.GlobalSegmentSize, LocalBufferSize: o.LocalBufferSize, Protocol: o.Protocol,
-		DeviceName: o.DeviceName, MasterServerAddr: o.MasterServerAddr}
+		DeviceName: o.DeviceName, MasterServerAddr: o.MasterServerAddr, Logger: logger}
 	if cfg.LocalHostname == "" {
 		cfg.LocalHostname = node
 	}

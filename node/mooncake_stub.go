@@ -4,6 +4,7 @@ package node
 
 import (
 	"io"
+	"log/slog"
 
 	"github.com/embcache/embcache/payload"
 )
@@ -17,6 +18,6 @@ type mooncakeTransport interface {
 	io.Closer
 }
 
-func openMooncake(string, MooncakeOptions) (mooncakeTransport, error) {
+func openMooncake(string, MooncakeOptions, *slog.Logger) (mooncakeTransport, error) {
 	return nil, ErrMooncakeNotBuilt
 }

@@ -166,7 +166,7 @@ func (n *Node) openPayload() (*payload.Router, error) {
 	}
 	ropts = append(ropts, payload.WithReader(payload.TransportHTTP, pull))
 	if o.Payload == PayloadMooncake {
-		mc, err := openMooncake(o.Name, o.Mooncake)
+		mc, err := openMooncake(o.Name, o.Mooncake, o.Logger)
 		if err != nil {
 			return nil, err
 		}

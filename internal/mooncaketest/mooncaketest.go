@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -40,10 +42,20 @@ func Dir(t testing.TB) string {
 // Library is the store's C library in dir.
 func Library(dir string) string { return filepath.Join(dir, "lib", "libmooncake_store.so") }
 
-// Master is a running mooncake_master.
+// Master is a mooncake_master of a test: running from StartMaster until
+// the test ends, unless Stop or Kill ends it first; Restart runs it again
+// on the same ports.
 type Master struct {
 	Addr     string // host:port of its RPC
 	Metadata string // its HTTP metadata server's URL
+	Metrics  string // its Prometheus metrics' URL
+
+	t    testing.TB
+	bin  string
+	args []string
+	cmd  *exec.Cmd     // the running master, or nil
+	log  *bytes.Buffer // its output; read only once it has exited
+	logs []string      // the output of the masters that have exited
 }
 
 // StartMaster starts a mooncake_master of dir on free loopback ports
@@ -51,25 +63,41 @@ type Master struct {
 func StartMaster(t testing.TB, dir string, flags ...string) *Master {
 	t.Helper()
 	rpc, meta, metrics := freePort(t), freePort(t), freePort(t)
-	var log bytes.Buffer
-	cmd := exec.Command(filepath.Join(dir, "bin", "mooncake_master"), append([]string{
-		"--enable_http_metadata_server=true", "--http_metadata_server_port=" + strconv.Itoa(meta),
-		"--rpc_port=" + strconv.Itoa(rpc), "--metrics_port=" + strconv.Itoa(metrics)}, flags...)...)
-	cmd.Env = append(os.Environ(), "GLOG_logtostderr=1")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	m := &Master{Addr: fmt.Sprintf("127.0.0.1:%d", rpc), Metadata: fmt.Sprintf("http://127.0.0.1:%d/metadata", meta),
+		Metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), t: t, bin: filepath.Join(dir, "bin", "mooncake_master")}
+	m.args = append([]string{"--enable_http_metadata_server=true", "--http_metadata_server_port=" + strconv.Itoa(meta),
+		"--rpc_port=" + strconv.Itoa(rpc), "--metrics_port=" + strconv.Itoa(metrics)}, flags...)
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		if m.cmd != nil {
+			m.end(syscall.SIGKILL)
+		}
 		if t.Failed() {
-			t.Logf("mooncake_master's log:\n%s", Tail(log.String(), 3000))
+			t.Logf("mooncake_master's log:\n%s", Tail(strings.Join(m.logs, "\n--- restarted ---\n"), 3000))
 		}
 	})
-	m := &Master{Addr: fmt.Sprintf("127.0.0.1:%d", rpc), Metadata: fmt.Sprintf("http://127.0.0.1:%d/metadata", meta)}
+	m.Restart()
+	return m
+}
+
+// Restart starts the master again on its ports (after Stop or Kill) and
+// waits until it answers. Mooncake's master keeps its objects and its
+// segments in memory only: the new one has none until its clients mount
+// their segments again.
+func (m *Master) Restart() {
+	m.t.Helper()
+	if m.cmd != nil {
+		m.t.Fatal("mooncaketest: Restart of a running master")
+	}
+	m.log = new(bytes.Buffer)
+	m.cmd = exec.Command(m.bin, m.args...)
+	m.cmd.Env = append(os.Environ(), "GLOG_logtostderr=1")
+	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	if err := m.cmd.Start(); err != nil {
+		m.t.Fatal(err)
+	}
+	meta := strings.TrimPrefix(strings.TrimSuffix(m.Metadata, "/metadata"), "http://")
 	deadline := time.Now().Add(20 * time.Second)
-	for _, addr := range []string{m.Addr, fmt.Sprintf("127.0.0.1:%d", meta)} {
+	for _, addr := range []string{m.Addr, meta} {
 		for {
 			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 			if err == nil {
@@ -77,12 +105,36 @@ func StartMaster(t testing.TB, dir string, flags ...string) *Master {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("mooncake_master not answering on %s: %v", addr, err)
+				m.t.Fatalf("mooncake_master not answering on %s: %v", addr, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return m
+}
+
+// Stop ends the master with SIGTERM (SIGKILL if it has not exited within
+// 10 s) and waits for it.
+func (m *Master) Stop() { m.t.Helper(); m.end(syscall.SIGTERM) }
+
+// Kill ends the master with SIGKILL and waits for it.
+func (m *Master) Kill() { m.t.Helper(); m.end(syscall.SIGKILL) }
+
+func (m *Master) end(sig syscall.Signal) {
+	m.t.Helper()
+	if m.cmd == nil {
+		m.t.Fatal("mooncaketest: the master is not running")
+	}
+	m.cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { m.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		m.cmd.Process.Kill()
+		<-done
+	}
+	m.logs = append(m.logs, m.log.String())
+	m.cmd, m.log = nil, nil
 }
 
 // Tail is the last n bytes of s.

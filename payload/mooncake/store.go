@@ -93,7 +93,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
+	"net"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -115,7 +118,23 @@ type Config struct {
 	MasterServerAddr  string // e.g. "127.0.0.1:50051"
 	Replicas          int    // replicas per object; default 1
 	MaxSize           int64  // largest value accepted; default 4 GiB
+	// CallTimeout bounds how long a call waits for the store, plus a
+	// second per 100 MiB it moves; default 2 s. A call that has not
+	// returned by then fails with ErrMasterUnreachable (the library's own
+	// RPC retries to a master that is down take seconds, a black-holed
+	// one's much longer) and finishes on its own.
+	CallTimeout time.Duration
+	// Logger says when the master stops answering and when it answers
+	// again; default slog.Default().
+	Logger *slog.Logger
 }
+
+// probeEvery is how often a Store whose master does not answer asks it
+// again (is_exist of probeKey, no object read).
+const (
+	probeEvery = 500 * time.Millisecond
+	probeKey   = "embcache/probe"
+)
 
 // Store is a payload.Transport over Mooncake Store. Safe for concurrent use.
 type Store struct {
@@ -130,11 +149,18 @@ type Store struct {
 	buffers  [64][]unsafe.Pointer      // registered free buffers by size class; guarded by mu
 	owned    []unsafe.Pointer          // every registered buffer, freed on Close; guarded by mu
 	verified map[string]verifiedObject // Delete's checks of objects' bytes, by object; guarded by mu
+	// outage is set while the master does not answer: calls fail at once
+	// and a probe asks the master until it does. Guarded by mu.
+	outage  *masterError
+	stop    chan struct{}  // closed by Close: ends the probe
+	probing sync.WaitGroup // the probe; Close waits for it
 }
 
 // Open loads the library and sets the store up. The error wraps
-// ErrLibrary when the library or a symbol is missing, or is a *CodeError
-// from setup.
+// ErrLibrary when the library or a symbol is missing, is a *CodeError
+// from setup, or, when nothing answers at the master's address, wraps
+// ErrMasterUnreachable (within about CallTimeout: setup itself retries
+// for about 90 s).
 func Open(cfg Config) (*Store, error) {
 	if cfg.Library == "" {
 		cfg.Library = "libmooncake_store.so"
@@ -145,6 +171,12 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.MaxSize <= 0 {
 		cfg.MaxSize = 4 << 30
 	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	api := (*C.mc_api)(C.calloc(1, C.sizeof_mc_api))
 	path := C.CString(cfg.Library)
 	defer C.free(unsafe.Pointer(path))
@@ -154,7 +186,7 @@ func Open(cfg Config) (*Store, error) {
 		C.free(unsafe.Pointer(api))
 		return nil, fmt.Errorf("%w: %s: %s", ErrLibrary, cfg.Library, msg)
 	}
-	s := &Store{cfg: cfg, api: api, verified: map[string]verifiedObject{}}
+	s := &Store{cfg: cfg, api: api, verified: map[string]verifiedObject{}, stop: make(chan struct{})}
 	s.store = C.mc_create(api)
 	if s.store == nil {
 		s.release()
@@ -162,17 +194,67 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cs := func(v string) *C.char { return C.CString(v) }
 	args := []*C.char{cs(cfg.LocalHostname), cs(cfg.MetadataServer), cs(cfg.Protocol), cs(cfg.DeviceName), cs(cfg.MasterServerAddr)}
-	defer func() {
+	// With its master down, setup retries for about 90 s and returns -1.
+	// It runs on a goroutine of its own while the master's address is
+	// dialed: if nothing answers there, Open waits CallTimeout more for
+	// setup, then fails naming the master and leaves setup to finish (and
+	// the store to be destroyed) on its own.
+	start := time.Now()
+	setup := make(chan C.int, 1)
+	go func() {
+		setup <- C.mc_setup(api, s.store, args[0], args[1], C.uint64_t(cfg.GlobalSegmentSize), C.uint64_t(cfg.LocalBufferSize), args[2], args[3], args[4])
 		for _, a := range args {
 			C.free(unsafe.Pointer(a))
 		}
 	}()
-	rc := C.mc_setup(api, s.store, args[0], args[1], C.uint64_t(cfg.GlobalSegmentSize), C.uint64_t(cfg.LocalBufferSize), args[2], args[3], args[4])
-	if rc != 0 {
-		s.release()
-		return nil, &CodeError{Op: "setup", Code: int64(rc)}
+	dialed := make(chan error, 1)
+	go func() { dialed <- dialMaster(cfg.MasterServerAddr, cfg.CallTimeout) }()
+	var unreachable error
+	var waited <-chan time.Time
+	for {
+		select {
+		case rc := <-setup:
+			if rc == 0 {
+				return s, nil
+			}
+			s.release()
+			err := &CodeError{Op: "setup", Code: int64(rc)}
+			if unreachable != nil {
+				return nil, &masterError{master: cfg.MasterServerAddr, since: start, cause: fmt.Errorf("%s (%w)", err.detail(), unreachable)}
+			}
+			return nil, err
+		case err := <-dialed:
+			dialed = nil
+			if err != nil {
+				unreachable, waited = err, time.After(cfg.CallTimeout)
+			}
+		case <-waited:
+			abandonedSetups.Add(1)
+			go func() {
+				defer abandonedSetups.Done()
+				<-setup
+				s.release()
+			}()
+			return nil, &masterError{master: cfg.MasterServerAddr, since: start,
+				cause: fmt.Errorf("setup did not return within %v (%w)", time.Since(start).Round(time.Millisecond), unreachable)}
+		}
 	}
-	return s, nil
+}
+
+// abandonedSetups are the setups Open gave up waiting for, still running.
+var abandonedSetups sync.WaitGroup
+
+// dialMaster reports whether a TCP connection to the master's address
+// can be made within timeout (nil for an address that is not host:port).
+func dialMaster(addr string, timeout time.Duration) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "://") {
+		return nil
+	}
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }
 
 func objectName(obj payload.ObjectID) string { return "embcache/" + obj.String() }
@@ -203,19 +285,29 @@ func (s *Store) Put(ctx context.Context, obj payload.ObjectID, v *payload.Value)
 		return loc, err
 	}
 	key := C.CString(objectName(obj))
-	defer C.free(unsafe.Pointer(key))
-	if err := s.use(); err != nil {
+	// The key is freed by the last call that uses it, which may outlive
+	// Put (one left to finish on its own).
+	// enc holds no Go pointers, put copies it before returning, and the
+	// call's closure keeps it alive until then.
+	rc, err := s.call(ctx, "put", int64(len(enc)), func() int64 {
+		return int64(C.mc_put(s.api, s.store, key, unsafe.Pointer(unsafe.SliceData(enc)), C.size_t(len(enc)), C.size_t(s.cfg.Replicas)))
+	}, func(int64) { C.free(unsafe.Pointer(key)) })
+	if err != nil {
 		return payload.Location{}, err
 	}
-	defer s.done()
-	// enc holds no Go pointers and put copies it before returning.
-	rc := C.mc_put(s.api, s.store, key, unsafe.Pointer(unsafe.SliceData(enc)), C.size_t(len(enc)), C.size_t(s.cfg.Replicas))
 	if rc != 0 && rc != codeObjectAlreadyExists {
-		return payload.Location{}, &CodeError{Op: "put", Code: int64(rc)}
+		C.free(unsafe.Pointer(key))
+		return payload.Location{}, s.failed("put", rc)
 	}
-	if exist := C.mc_is_exist(s.api, s.store, key); exist != 1 {
+	exist, err := s.call(ctx, "is_exist", 0, func() int64 { return int64(C.mc_is_exist(s.api, s.store, key)) },
+		func(int64) { C.free(unsafe.Pointer(key)) })
+	if err != nil {
+		return payload.Location{}, err
+	}
+	C.free(unsafe.Pointer(key))
+	if exist != 1 {
 		if exist < 0 {
-			return payload.Location{}, &CodeError{Op: "is_exist", Code: int64(exist)}
+			return payload.Location{}, s.failed("is_exist", exist)
 		}
 		return payload.Location{}, fmt.Errorf("%w: put of %v returned %d but the object does not exist", payload.ErrUnavailable, obj, rc)
 	}
@@ -230,17 +322,16 @@ func (s *Store) exists(loc payload.Location) (bool, error) {
 		return false, err
 	}
 	key := C.CString(objectName(obj))
-	defer C.free(unsafe.Pointer(key))
-	if err := s.use(); err != nil {
+	free := func(int64) { C.free(unsafe.Pointer(key)) }
+	rc, err := s.call(context.Background(), "is_exist", 0, func() int64 { return int64(C.mc_is_exist(s.api, s.store, key)) }, free)
+	if err != nil {
 		return false, err
 	}
-	defer s.done()
-	switch rc := C.mc_is_exist(s.api, s.store, key); {
-	case rc < 0:
-		return false, &CodeError{Op: "is_exist", Code: int64(rc)}
-	default:
-		return rc == 1, nil
+	free(rc)
+	if rc < 0 {
+		return false, s.failed("is_exist", rc)
 	}
+	return rc == 1, nil
 }
 
 // holds reports whether the store has loc's object with loc's bytes. An
@@ -278,9 +369,7 @@ func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, 
 		return nil, err
 	}
 	obj, _ := loc.ObjectID()
-	key := C.CString(objectName(obj))
-	defer C.free(unsafe.Pointer(key))
-	if err := s.use(); err != nil {
+	if err := s.use(); err != nil { // Close waits: buffer registers with the store
 		return nil, err
 	}
 	defer s.done()
@@ -289,10 +378,19 @@ func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, 
 		return nil, err
 	}
 	release := func() error { s.putBuffer(buf, class); return nil }
-	n := C.mc_get_into(s.api, s.store, key, buf, C.size_t(loc.Size))
+	key := C.CString(objectName(obj))
+	// A get left to finish on its own writes into buf until it returns:
+	// buf goes back to the pool then, not before.
+	n, err := s.call(ctx, "get_into", loc.Size, func() int64 {
+		return int64(C.mc_get_into(s.api, s.store, key, buf, C.size_t(loc.Size)))
+	}, func(int64) { C.free(unsafe.Pointer(key)); release() })
+	if err != nil {
+		return nil, err
+	}
+	C.free(unsafe.Pointer(key))
 	if n < 0 {
 		release()
-		return nil, &CodeError{Op: "get_into", Code: int64(n)}
+		return nil, s.failed("get_into", n)
 	}
 	if int64(n) != loc.Size {
 		release()
@@ -387,18 +485,19 @@ func (s *Store) remove(loc payload.Location, force bool) error {
 	if err != nil {
 		return err
 	}
-	key := C.CString(objectName(obj))
-	defer C.free(unsafe.Pointer(key))
-	if err := s.use(); err != nil {
-		return err
-	}
-	defer s.done()
 	f := C.int(0)
 	if force {
 		f = 1
 	}
-	if rc := C.mc_remove(s.api, s.store, key, f); rc != 0 && rc != codeObjectNotFound {
-		return &CodeError{Op: "remove", Code: int64(rc)}
+	key := C.CString(objectName(obj))
+	free := func(int64) { C.free(unsafe.Pointer(key)) }
+	rc, err := s.call(context.Background(), "remove", 0, func() int64 { return int64(C.mc_remove(s.api, s.store, key, f)) }, free)
+	if err != nil {
+		return err
+	}
+	free(rc)
+	if rc != 0 && rc != codeObjectNotFound {
+		return s.failed("remove", rc)
 	}
 	return nil
 }
@@ -412,7 +511,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.stop)
 	s.mu.Unlock()
+	s.probing.Wait()
 	s.ops.Wait()
 	s.release()
 	return nil
@@ -466,12 +567,146 @@ func (s *Store) putBuffer(p unsafe.Pointer, class int) {
 	s.mu.Unlock()
 }
 
-// use admits a call unless the store is closed; done ends it.
+// call runs c, a call into the library, unless the master is known not to
+// answer, and waits for it until ctx ends or its time is up (CallTimeout,
+// plus a second per 100 MiB of size): then the error is ctx's, or
+// ErrMasterUnreachable, and c is left to finish on its own goroutine, which
+// runs abandon with its return code once it has (the memory the call uses
+// is freed there, and Close waits for it). Otherwise call returns c's code
+// and abandon does not run: what c used is the caller's to free.
+func (s *Store) call(ctx context.Context, op string, size int64, c func() int64, abandon func(int64)) (int64, error) {
+	if err := s.use(); err != nil {
+		abandon(0)
+		return 0, err
+	}
+	var (
+		mu               sync.Mutex
+		rc               int64
+		finished, gaveUp bool
+	)
+	ended := make(chan struct{})
+	go func() {
+		defer s.done()
+		r := c()
+		mu.Lock()
+		rc, finished = r, true
+		left := gaveUp
+		mu.Unlock()
+		close(ended)
+		if left {
+			abandon(r)
+		}
+	}()
+	limit := s.cfg.CallTimeout + time.Duration(size/(100<<20))*time.Second
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	var err error
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+	case <-timer.C:
+		err = &timeoutError{op: op, after: limit}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if finished {
+		return rc, nil
+	}
+	gaveUp = true
+	if ctx.Err() == nil {
+		err = s.trip(err)
+	}
+	return 0, err
+}
+
+// failed is the error of a call that returned code: a *CodeError, or, if
+// the code says the master did not answer, ErrMasterUnreachable with it.
+func (s *Store) failed(op string, code int64) error {
+	err := &CodeError{Op: op, Code: code}
+	if masterDown(code) {
+		return s.trip(err)
+	}
+	return err
+}
+
+// trip records that the master does not answer (cause says how a call
+// found it so) and starts the probe that waits until it does; the error
+// returned names the master.
+func (s *Store) trip(cause error) error {
+	err := &masterError{master: s.cfg.MasterServerAddr, since: time.Now(), cause: cause}
+	s.mu.Lock()
+	if s.outage != nil || s.closed {
+		s.mu.Unlock()
+		return err
+	}
+	s.outage = err
+	s.probing.Add(1)
+	go s.probe()
+	s.mu.Unlock()
+	s.cfg.Logger.Warn("mooncake: master unreachable, calls fail at once until it answers",
+		"master", s.cfg.MasterServerAddr, "err", err)
+	return err
+}
+
+// probe asks the master whether it answers (is_exist of probeKey) every
+// probeEvery until it does, then lets calls through again. One call at a
+// time: each runs to its end, however long the library takes.
+func (s *Store) probe() {
+	defer s.probing.Done()
+	key := C.CString(probeKey)
+	defer C.free(unsafe.Pointer(key))
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		s.ops.Add(1) // use would refuse it: the master is down
+		s.mu.Unlock()
+		rc := C.mc_is_exist(s.api, s.store, key)
+		s.done()
+		if rc < 0 && masterDown(int64(rc)) {
+			continue
+		}
+		s.mu.Lock()
+		down := time.Since(s.outage.since)
+		s.outage = nil
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("mooncake: master answers again", "master", s.cfg.MasterServerAddr,
+			"unreachable_for", down.Round(time.Millisecond))
+		return
+	}
+}
+
+// refusedLocked is the error a call fails with now (closed, or the
+// master unreachable), or nil; s.mu is held.
+func (s *Store) refusedLocked() error {
+	if s.closed {
+		return fmt.Errorf("mooncake: %w", payload.ErrClosed)
+	}
+	if s.outage != nil {
+		fast := *s.outage
+		fast.fast = true
+		return &fast
+	}
+	return nil
+}
+
+// use admits a call unless the store is closed or the master is known not
+// to answer; done ends it.
 func (s *Store) use() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("mooncake: %w", payload.ErrClosed)
+	if err := s.refusedLocked(); err != nil {
+		return err
 	}
 	s.ops.Add(1)
 	return nil

@@ -6,11 +6,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/payload"
@@ -32,8 +36,16 @@ func buildFake(t *testing.T) string {
 
 func openFake(t *testing.T) *Store {
 	t.Helper()
-	s, err := Open(Config{Library: buildFake(t), Node: "n1", LocalHostname: "127.0.0.1", MetadataServer: "P2PHANDSHAKE",
-		Protocol: "tcp", MasterServerAddr: "127.0.0.1:50051", GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20})
+	return openFakeLib(t, buildFake(t), Config{})
+}
+
+// openFakeLib opens a Store on the fake library lib, with cfg's
+// CallTimeout and Logger.
+func openFakeLib(t *testing.T, lib string, cfg Config) *Store {
+	t.Helper()
+	s, err := Open(Config{Library: lib, Node: "n1", LocalHostname: "127.0.0.1", MetadataServer: "P2PHANDSHAKE",
+		Protocol: "tcp", MasterServerAddr: "127.0.0.1:50051", GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20,
+		CallTimeout: cfg.CallTimeout, Logger: cfg.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +104,11 @@ func TestRoundTrip(t *testing.T) {
 
 func TestErrorCodesMap(t *testing.T) {
 	ctx := context.Background()
-	s := openFake(t)
-	loc, err := s.Put(ctx, obj, value(1000))
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := buildFake(t)
+	// A store of its own for each code: -900 and -901 (the master did not
+	// answer) make a store fail every call at once until it answers.
+	var s *Store
+	var loc payload.Location
 	for _, tc := range []struct {
 		fail string
 		call func() error
@@ -107,6 +119,7 @@ func TestErrorCodesMap(t *testing.T) {
 		{"get_into:-900", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -900},
 		{"get_into:-901", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -901},
 		{"get_into:-707", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -707},
+		{"get_into:-800", func() error { _, err := s.Get(ctx, loc); return err }, payload.ErrUnavailable, -800},
 		{"put:-900", func() error {
 			_, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{9}}, value(10))
 			return err
@@ -123,14 +136,23 @@ func TestErrorCodesMap(t *testing.T) {
 		}, nil, -1},
 	} {
 		t.Run(tc.fail, func(t *testing.T) {
+			s = openFakeLib(t, lib, Config{})
+			var err error
+			if loc, err = s.Put(ctx, obj, value(1000)); err != nil {
+				t.Fatal(err)
+			}
 			t.Setenv("FAKE_MOONCAKE_FAIL", tc.fail)
-			err := tc.call()
+			err = tc.call()
 			var ce *CodeError
 			if !errors.As(err, &ce) || ce.Code != tc.code {
 				t.Fatalf("got %v, want a CodeError with code %d", err, tc.code)
 			}
 			if tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("%v does not map to %v", err, tc.want)
+			}
+			if down := tc.code == -900 || tc.code == -901; errors.Is(err, ErrMasterUnreachable) != down ||
+				(down && !strings.Contains(err.Error(), "master 127.0.0.1:50051 unreachable")) {
+				t.Fatalf("%v: ErrMasterUnreachable %v, want %v, naming the master", err, errors.Is(err, ErrMasterUnreachable), down)
 			}
 		})
 	}
@@ -234,4 +256,133 @@ func TestPutReplacesOtherBytes(t *testing.T) {
 	if !bytes.Equal(got.Tensor.Data, newV.Tensor.Data) {
 		t.Fatal("wrong bytes")
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestMasterUnreachableFailsFast: a call the library does not return from
+// within CallTimeout (a master that is down: the real library retries its
+// RPC for seconds) fails then, naming the master, and so does every call
+// after it, at once and without calling the library, until a probe of the
+// master is answered; then calls go through again. An RPC failure (-900)
+// does the same. The log says when the master stopped answering and when
+// it answered again; Close waits for the call left running (goleak).
+func TestMasterUnreachableFailsFast(t *testing.T) {
+	ctx := context.Background()
+	var log syncBuffer
+	// A call refused at once takes well under timeout, even on a busy
+	// machine under the race detector; one the library holds takes it.
+	const timeout, fast = time.Second, 500 * time.Millisecond
+	s := openFakeLib(t, buildFake(t), Config{CallTimeout: timeout, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	loc, err := s.Put(ctx, obj, value(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() (time.Duration, error) {
+		start := time.Now()
+		v, err := s.Get(ctx, loc)
+		if err == nil {
+			v.Close()
+		}
+		return time.Since(start), err
+	}
+	recovered := func() {
+		t.Helper()
+		os.Setenv("FAKE_MOONCAKE_FAIL", "")
+		os.Setenv("FAKE_MOONCAKE_SLOW", "")
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			took, err := get()
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, ErrMasterUnreachable) || took > fast || time.Now().After(deadline) {
+				t.Fatalf("the master answers again: %v in %v, want fast ErrMasterUnreachable, then the value", err, took)
+			}
+		}
+	}
+	// The probe (is_exist) fails until the test says otherwise.
+	t.Setenv("FAKE_MOONCAKE_FAIL", "is_exist:-900")
+	t.Setenv("FAKE_MOONCAKE_SLOW", "get_into:2500")
+	took, err := get()
+	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took < timeout || took > 2*time.Second ||
+		!strings.Contains(err.Error(), "master 127.0.0.1:50051 unreachable: get_into did not return within 1s") {
+		t.Fatalf("a get that hangs: %v after %v; want ErrMasterUnreachable after %v", err, took, timeout)
+	}
+	for range 3 {
+		took, err = get()
+		if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > fast ||
+			!strings.Contains(err.Error(), "failing at once until it answers") {
+			t.Fatalf("a get while the master is unreachable: %v after %v; want ErrMasterUnreachable at once", err, took)
+		}
+	}
+	start := time.Now()
+	if _, err := s.Put(ctx, payload.ObjectID{Tenant: "acme", Key: cachekey.Key{11}}, value(10)); !errors.Is(err, ErrMasterUnreachable) ||
+		time.Since(start) > fast {
+		t.Fatalf("a put while the master is unreachable: %v after %v", err, time.Since(start))
+	}
+	recovered()
+
+	t.Setenv("FAKE_MOONCAKE_FAIL", "get_into:-900,is_exist:-900")
+	var ce *CodeError
+	if _, err := get(); !errors.Is(err, ErrMasterUnreachable) || !errors.As(err, &ce) || ce.Code != -900 {
+		t.Fatalf("an RPC failure: %v", err)
+	}
+	if took, err := get(); !errors.Is(err, ErrMasterUnreachable) || took > fast {
+		t.Fatalf("after an RPC failure: %v after %v, want ErrMasterUnreachable at once", err, took)
+	}
+	recovered()
+	for _, want := range []string{"master unreachable, calls fail at once until it answers", "master answers again"} {
+		if n := strings.Count(log.String(), want); n != 2 {
+			t.Fatalf("the log says %q %d times, want 2:\n%s", want, n, log.String())
+		}
+	}
+	s.Close() // waits for the get left running
+}
+
+// TestOpenWithoutMaster: with its master down, the real setup retries for
+// about 90 s, then returns -1. When nothing answers at the master's
+// address, Open waits CallTimeout more for setup, then fails naming the
+// master, and setup finishes on its own; a setup that returns is not
+// held back by the dial.
+func TestOpenWithoutMaster(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	lib := buildFake(t)
+	cfg := Config{Library: lib, Protocol: "tcp", MasterServerAddr: addr, CallTimeout: 300 * time.Millisecond}
+	t.Setenv("FAKE_MOONCAKE_SLOW", "setup:2500")
+	start := time.Now()
+	_, err = Open(cfg)
+	took := time.Since(start)
+	if !errors.Is(err, ErrMasterUnreachable) || !errors.Is(err, payload.ErrUnavailable) || took > 2*time.Second ||
+		!strings.Contains(err.Error(), "master "+addr+" unreachable: setup did not return within") ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Open without a master: %v after %v, want ErrMasterUnreachable naming it within about %v", err, took, cfg.CallTimeout)
+	}
+	abandonedSetups.Wait() // the setup left running, and the store it destroys
+	os.Setenv("FAKE_MOONCAKE_SLOW", "")
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("a setup that returns at once: %v", err)
+	}
+	s.Close()
 }

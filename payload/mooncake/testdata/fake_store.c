@@ -8,11 +8,14 @@
 //                                     remove register; the call returns code
 //   FAKE_MOONCAKE_CORRUPT=1           get_into flips the last byte it copies
 //   FAKE_MOONCAKE_LOST=1              put returns 0 without storing
+//   FAKE_MOONCAKE_SLOW="op:ms,..."    op (as above) sleeps ms first, as a
+//                                     call to a master that is down does
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct object {
 	char *key;
@@ -42,9 +45,9 @@ static unsigned hash(const char *s) {
 	return h % BUCKETS;
 }
 
-// injected returns the code FAKE_MOONCAKE_FAIL sets for op, or 0.
-static int injected(const char *op) {
-	const char *spec = getenv("FAKE_MOONCAKE_FAIL");
+// setting returns the number the list in env sets for op, or 0.
+static int setting(const char *env, const char *op) {
+	const char *spec = getenv(env);
 	if (!spec) return 0;
 	size_t n = strlen(op);
 	for (const char *p = spec; *p;) {
@@ -54,6 +57,17 @@ static int injected(const char *op) {
 		p++;
 	}
 	return 0;
+}
+
+// injected sleeps for what FAKE_MOONCAKE_SLOW sets for op, then returns the
+// code FAKE_MOONCAKE_FAIL sets for it, or 0.
+static int injected(const char *op) {
+	int ms = setting("FAKE_MOONCAKE_SLOW", op);
+	if (ms > 0) {
+		struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
+		nanosleep(&d, NULL);
+	}
+	return setting("FAKE_MOONCAKE_FAIL", op);
 }
 
 static int flag(const char *name) {
