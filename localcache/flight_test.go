@@ -241,3 +241,57 @@ func TestWaitPinsNothing(t *testing.T) {
 		c.Release("a")
 	})
 }
+
+// TestConcurrentFlights: goroutines compute, hit, release, invalidate and
+// evict a few keys at once. No key's compute runs twice at once, every
+// caller gets its own key's value, and once every request is released the
+// byte and pin counts agree with the contents.
+func TestConcurrentFlights(t *testing.T) {
+	c, _, _ := newTestCache(t, Options[string, blob]{Budget: Budget{MaxBytes: 64, MaxEntries: 4}})
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+	var running [6]atomic.Int32
+	var computes atomic.Int32
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 300 {
+				ki := (g + i) % len(keys)
+				key := keys[ki]
+				req := fmt.Sprint("g", g, "-", i%3)
+				switch i % 7 {
+				case 5:
+					c.Invalidate(func(k string, _ blob) bool { return k == key }, CauseInvalidated)
+				case 6:
+					c.Evict(key, CauseStore)
+					c.Release(req)
+				default:
+					v, err := c.GetOrCompute(context.Background(), req, key, func(context.Context) (blob, error) {
+						if n := running[ki].Add(1); n != 1 {
+							t.Errorf("%d computes of %s at once", n, key)
+						}
+						defer running[ki].Add(-1)
+						computes.Add(1)
+						return blob(key + "-value"), nil
+					})
+					if err != nil || string(v) != key+"-value" {
+						t.Errorf("%s: got %q, %v", key, v, err)
+						return
+					}
+				}
+			}
+			for i := range 3 {
+				c.Release(fmt.Sprint("g", g, "-", i))
+			}
+		})
+	}
+	wg.Wait()
+	for _, k := range keys {
+		if err := c.Wait(t.Context(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkInvariants(t, c, 64, 4)
+	if s := c.Stats(); s.Pinned != 0 || s.Requests != 0 || s.InFlight != 0 || s.Computes != uint64(computes.Load()) {
+		t.Fatalf("stats %+v, %d computes ran", s, computes.Load())
+	}
+}
