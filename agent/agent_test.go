@@ -238,7 +238,7 @@ func TestKeyRejectsMissingField(t *testing.T) {
 // A key request holds the fields its mode keys, and only those: without
 // data (absent or null) a raw-bytes request was keyed as the empty input,
 // one key for every call that forgot it, and fields of another mode were
-// dropped (a helper's hunt found it).
+// dropped.
 func TestKeyRequestFieldsFitTheMode(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	c := client(t, n)
@@ -287,7 +287,7 @@ func TestKeyRequestFieldsFitTheMode(t *testing.T) {
 
 // A request body's names are exact and given once: encoding/json took
 // "Config" for "config" and kept the last of two, so a body with a second
-// config (another tenant's) was keyed by it (a helper's hunt found it).
+// config (another tenant's) was keyed by it.
 func TestKeyRequestNamesAreExact(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	other := testConfigMap()
@@ -317,7 +317,7 @@ func TestKeyRequestNamesAreExact(t *testing.T) {
 // it, and its other members can neither list the slots nor remove
 // another's. (Chmod with 0o2770 left the bit off: Go's FileMode has its
 // own bit for it; a new user's walkthrough found it. 0770 let the group
-// list and replace any slot: a helper's hunt found it.)
+// list and replace any slot.)
 func TestSlotDirectoryIsSetGroupID(t *testing.T) {
 	url := startServer(t).ClientURL()
 	n := startNode(t, url, "n1")

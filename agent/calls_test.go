@@ -463,8 +463,7 @@ func TestSlotCutShort(t *testing.T) {
 
 // TestKeyBytesNamesAreGivenOnce: each header and parameter of /v1/key/bytes
 // is given once and belongs to the mode. The first of two config headers
-// or shapes won, and a misspelt Shape= keyed the tensor as a scalar (a
-// helper's hunt found them).
+// or shapes won, and a misspelt Shape= keyed the tensor as a scalar.
 func TestKeyBytesNamesAreGivenOnce(t *testing.T) {
 	n := startNode(t, startServer(t).ClientURL(), "n1")
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

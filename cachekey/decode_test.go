@@ -54,7 +54,7 @@ func TestDecodeConfig(t *testing.T) {
 		{"number string", edit(`"model_id":"Qwen/Qwen2.5-Omni-7B"`, `"model_id":7`), "model_id"},
 		{"not an object", `[1,2]`, "object"},
 		{"too big", `{"model_id":"` + strings.Repeat("x", MaxConfigBytes) + `"}`, "bytes of JSON"},
-		// Each decoded to U+FFFD, the same key as any other (a helper's hunt).
+		// Each decoded to U+FFFD, the same key as any other.
 		{"not UTF-8", edit(`"model_id":"Qwen/`, "\"model_id\":\"Qwen\xff/"), "model_id"},
 		{"lone low surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\udce9/`), "model_id"},
 		{"lone high surrogate", edit(`"model_id":"Qwen/`, `"model_id":"Qwen\ud83d/`), "model_id"},
@@ -111,7 +111,7 @@ func TestDecodeConfigEveryField(t *testing.T) {
 // TestTheLargestConfigDecodes: a valid config of every string at
 // MaxStringLen, each byte one that encoding/json escapes to six, and full
 // lists decodes from what json.Marshal writes of it (at 96 KiB such a
-// config was refused: a helper's hunt).
+// config was refused).
 func TestTheLargestConfigDecodes(t *testing.T) {
 	cfg := imageConfig()
 	v := reflect.ValueOf(&cfg).Elem()

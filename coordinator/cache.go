@@ -214,8 +214,8 @@ func (c *Cache) connectStore(ctx context.Context) error {
 		MarkerTTL: c.s.markerTTL, Direct: len(c.s.tenants) > 0, Shards: c.s.shards})
 	if err != nil {
 		if !c.nc.IsConnected() {
-			// Not the bucket's fault: "bucket EMBCACHE_LEASES: context
-			// deadline exceeded" sent operators to look at the bucket.
+			// Not the bucket's fault, and the error says so: the
+			// bucket's own deadline error points at the bucket.
 			return fmt.Errorf("no NATS server answers: %w", err)
 		}
 		return err
@@ -588,8 +588,7 @@ func (w *waiter) stop() {
 // the stream leader's server after a direct get a follower answered, a
 // change lost): rare, since a change is the stored message itself (3.3),
 // so it comes late enough that a wait of a usual compute reads no more
-// than the change. (With hints on the key's own subject the first poll
-// came at 25 ms: a hint could arrive before the stream stored the commit.)
+// than the change.
 func pollDelay(poll time.Duration, n int) time.Duration {
 	if n == 0 {
 		return min(poll, 250*time.Millisecond)

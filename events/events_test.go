@@ -79,7 +79,7 @@ func TestEncodeDecode(t *testing.T) {
 		"no location": {Kind: KindPublished, Tenant: "acme", Expires: now, Time: now},
 		"no cause":    {Kind: KindEvicted, Tenant: "acme", Time: now},
 		// Past the longest store TTL: a year-3000 expiry overflowed the
-		// record's TTL, which expired at once (a helper's hunt).
+		// record's TTL, which expired at once.
 		"far expiry":   published("acme", 1, now.Add(MaxStoreTTL+time.Second)),
 		"invalidation": {Kind: KindInvalidated, Tenant: "acme", Model: "m", Epoch: 3, Key: key(1), Time: now},
 	} {
@@ -394,7 +394,7 @@ func TestLatestAndScan(t *testing.T) {
 // publish: its compute committed nothing, and reserved the key only once
 // the value before it was gone (an abandon made within a second after a
 // value's publish ended it, and that value's expiry, still to come, was
-// never announced: a helper's hunt found it). A State (stats --live)
+// never announced). A State (stats --live)
 // folding the same events agrees with Latest at every step.
 func TestALateEndOfAnEarlierValueDoesNotEndTheNext(t *testing.T) {
 	_, s, store := streamOf(t)

@@ -223,7 +223,7 @@ func TestDecodeRefusesUnknownKeysAndTrailingBytes(t *testing.T) {
 
 // A version 1 body's integers out of their field's range are bad events:
 // a kind of 261 or -251 wrapped round to invalidated, an epoch of -1 to
-// 2^64-1 (a helper's hunt found it).
+// 2^64-1.
 func TestVersion1OutOfRangeIntegersAreBad(t *testing.T) {
 	golden, err := os.ReadFile("testdata/events/v1-invalidated.msgpack")
 	if err != nil {

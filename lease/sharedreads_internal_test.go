@@ -82,7 +82,7 @@ func TestSharedReadsAnswerEachCallerWithALaterRead(t *testing.T) {
 
 // A read that panics is an error for its caller and for the callers that
 // joined the next read, and the key's reads go on: left in flight, it
-// held every later caller until its deadline (a helper's review found it).
+// held every later caller until its deadline.
 func TestASharedReadThatPanicsIsAnError(t *testing.T) {
 	var s sharedReads[uint64]
 	id := sharedReadID{0, "acme.inv.x"}

@@ -18,7 +18,7 @@ import (
 // addresses, already written under the same name) is evicted without a
 // delete: the file is the new value's. (The reconciler, held up by
 // another delete, handled the old expiry late and deleted the file the
-// new record then committed; a helper's hunt found it.)
+// new record then committed.)
 func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
@@ -62,8 +62,7 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 // compute fails (abandoned), is still announced when the loop reaches its
 // marker, and its payload deleted: the abandon is the later compute's,
 // which published nothing. (An abandon within a second after the value's
-// publish counted as its end: the expiry was never announced; a helper's
-// hunt found it.)
+// publish counted as its end: the expiry was never announced.)
 func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
@@ -99,7 +98,7 @@ func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 // A touch whose expiry is further than the longest store TTL by the
 // reconciler's clock is not applied, whatever its own time says (an event
 // of the year 2200 expiring an hour after it passed the decoder's bound,
-// and gave the record a TTL of 173 years: a helper's review found it).
+// and gave the record a TTL of 173 years).
 func TestATouchPastTheLongestStoreTTLIsNotApplied(t *testing.T) {
 	e := newWorld(t)
 	r, _ := e.reconciler(e.store)

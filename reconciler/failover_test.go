@@ -12,8 +12,7 @@ import (
 // A touch the active reconciler has taken off the durable consumer but
 // not yet applied (its loop is busy) when it steps down is not
 // acknowledged: its successor, resuming the consumer, applies it. (It was
-// acknowledged when queued, and lost: the touched record expired in use;
-// a helper's hunt found it.)
+// acknowledged when queued, and lost: the touched record expired in use.)
 func TestATouchQueuedAtAFailoverIsApplied(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second) // its eviction keeps the loop busy

@@ -16,8 +16,8 @@ import (
 // release's invalidate). A value computed since stays, also when the
 // event is delivered again. An error is a shard it could not go through
 // (a tombstone, a listing or a record unreadable): the event is handed
-// back and applied again. (It was acknowledged, and the rest of that
-// shard's records left to their readers and expiry: a helper's hunt.)
+// back and applied again, never acknowledged with that shard's records
+// left to their readers and expiry.
 func (r *Reconciler) applyInvalidation(ctx context.Context, x *expirer, e events.Event) error {
 	b := x.b
 	var unfinished error

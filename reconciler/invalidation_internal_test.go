@@ -47,7 +47,7 @@ func TestAnInvalidationNotCarriedOutInEveryShardIsHandedBack(t *testing.T) {
 // A record whose purge the server refuses (not a conflict: the record did
 // not change) leaves the invalidation unfinished: its event is handed
 // back. (Such a purge was passed over, the event acknowledged and the
-// record left to its readers: a helper's review found it.)
+// record left to its readers.)
 func TestAnInvalidationWhosePurgeIsRefusedIsHandedBack(t *testing.T) {
 	ctx := context.Background()
 	b, newReconciler := trackerWorld(t, 1)

@@ -9,8 +9,7 @@ import (
 // An eviction the loop gives up while a sweep is running (owe) is kept
 // until that sweep ends, then swept: the running sweep may have passed the
 // key before its record went. (It was consumed at the next mark and
-// dropped, the value never announced and its payload left: a helper's
-// hunt found it.)
+// dropped, the value never announced and its payload left.)
 func TestAnOweDuringARunningSweepIsSweptAfterIt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

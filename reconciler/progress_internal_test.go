@@ -38,10 +38,8 @@ func trackerWorld(t *testing.T, shards int, opts ...Option) (b *lease.Bucket, ne
 // had failed, or the predecessor's last landed after it), and a process
 // that no longer holds the election stops, even on its first write (a
 // predecessor stalled past its lease's end). Deciding by first and later
-// writes, the holder stopped for its whole term in both cases (a second
-// hunt found them). An election key that cannot be read leaves the
-// question to the next mark (one failed read ended the term's marks; a
-// third hunt found it).
+// writes, the holder stopped for its whole term in both cases. An election key that cannot be read leaves the
+// question to the next mark (one failed read ended the term's marks).
 func TestTheElectionDecidesARefusedMark(t *testing.T) {
 	ctx := context.Background()
 	b, newReconciler := trackerWorld(t, 1)
@@ -110,7 +108,7 @@ func TestTheElectionDecidesARefusedMark(t *testing.T) {
 // A finished sweep covers every message stored before it started: after
 // it, the mark follows the shard's stream again. (It stayed at the
 // sweep's start until the shard was written again, and every half marker
-// TTL a sweep followed; a third hunt found it.)
+// TTL a sweep followed.)
 func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 	ctx := context.Background()
 	b, newReconciler := trackerWorld(t, 2)
@@ -133,8 +131,7 @@ func TestASweepCoversAPositionTheLoopNeverReaches(t *testing.T) {
 // An eviction the loop gave up after the last mark, just before the
 // term ends, is owed in the term's last mark: the successor, which starts
 // past it, sweeps. (The last mark read only the sweeps owed at the ticks,
-// and the successor started past the value's marker without a sweep: a
-// fourth hunt found it.)
+// and the successor started past the value's marker without a sweep.)
 func TestTheLastMarkOwesAGivenUpEviction(t *testing.T) {
 	ctx := context.Background()
 	// Ticks a minute apart: none comes between the give-up and the end.
@@ -174,8 +171,7 @@ func TestTheLastMarkOwesAGivenUpEviction(t *testing.T) {
 
 // A term too short to take a mark of its own writes its predecessor's
 // mark, not its own start (the mark less the margin): a row of such terms
-// does not move the mark back a margin each, towards a sweep. (A third
-// hunt argued it.)
+// does not move the mark back a margin each, towards a sweep.
 func TestAShortTermKeepsItsPredecessorsMark(t *testing.T) {
 	ctx := context.Background()
 	b, newReconciler := trackerWorld(t, 1)

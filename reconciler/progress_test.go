@@ -39,10 +39,9 @@ func heldUpFailover(t *testing.T, between func(e *world)) (e *world, r2 *reconci
 // successor starts where the loop had got to, not where the renewals say
 // the process was alive: the markers left are handled. (It started at the
 // last renewal less a lease TTL, and the expiry behind the held-up one
-// was never announced nor its payload deleted; a helper's hunt found it.)
+// was never announced nor its payload deleted.)
 // The held-up value itself, whose delete the step-down cut short, is not
-// announced by r1 (announced, it was done for r2, and its payload stayed:
-// a second hunt found it), so r2 deletes and announces it.
+// announced by r1 (announced, it was done for r2, and its payload stayed), so r2 deletes and announces it.
 func TestTheMarkersAHeldUpLoopLeftAreHandled(t *testing.T) {
 	e, _, blocked, behind := heldUpFailover(t, nil)
 	ctx := context.Background()
@@ -54,8 +53,7 @@ func TestTheMarkersAHeldUpLoopLeftAreHandled(t *testing.T) {
 
 // A progress record this release does not understand (a newer one's, in
 // a rolling upgrade or downgrade) makes the successor sweep: going back to
-// the election's renewals would skip what a held-up loop left (a second
-// hunt found it).
+// the election's renewals would skip what a held-up loop left.
 func TestAProgressRecordOfAnotherVersionSweeps(t *testing.T) {
 	e, r2, _, _ := heldUpFailover(t, func(e *world) {
 		body, _ := json.Marshal(map[string]any{"v": 2, "owner": "newer/reconciler/1", "handled": time.Now()})
@@ -69,7 +67,7 @@ func TestAProgressRecordOfAnotherVersionSweeps(t *testing.T) {
 
 // A sweep cut short by a failover is done again by the successor: it
 // counted as done, and the values it had not reached were never
-// announced (a helper's hunt found it).
+// announced.
 func TestASweepCutShortIsDoneAgain(t *testing.T) {
 	e := newWorld(t)
 	const n = 20 // more than the sweep's readers, which the deletes hold

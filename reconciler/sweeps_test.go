@@ -29,7 +29,7 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 
-// A helper's hunt: one record this release cannot decode (a newer release's record
+// One record this release cannot decode (a newer release's record
 // version in a rolling upgrade, or a forged write) makes every sweep
 // "unfinished": the tracker keeps the sweep owed and starts it again at
 // every mark, forever, and writes sweeping=true so every successor
@@ -57,7 +57,7 @@ func TestHuntABadRecordMakesSweepsRepeatForever(t *testing.T) {
 // before the term's start: only a sweep finds it), and whose key is being
 // computed again when the sweep reads it (a live computing record), is
 // announced by the sweep, its payload left to the new compute. (The sweep
-// took any live record for the value's: a fourth hunt found it.)
+// took any live record for the value's.)
 func TestASweepAnnouncesAValueWhoseKeyIsComputedAgain(t *testing.T) {
 	e := newWorld(t)
 	ctx := context.Background()
@@ -81,7 +81,7 @@ func TestASweepAnnouncesAValueWhoseKeyIsComputedAgain(t *testing.T) {
 // A successor that starts from a progress mark more than half a marker
 // TTL old sweeps: markers placed just after the mark may be removed by
 // the server before its consumer is handed them. (It swept only past a
-// whole marker TTL: a fourth hunt found it.)
+// whole marker TTL.)
 func TestASuccessorFromAnOldMarkSweeps(t *testing.T) {
 	e := newWorld(t)
 	old, err := json.Marshal(map[string]any{"v": 1, "owner": "gone", "handled": time.Now().Add(-40 * time.Second)})

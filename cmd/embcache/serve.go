@@ -118,7 +118,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	}
 	err = n.Close()
 	if srv != nil {
-		srv.Shutdown() // "stopped" is said once the server is down (it was said before: a walkthrough's hung shutdown read as done)
+		srv.Shutdown() // "stopped" is said once the server is down: a hung shutdown must not read as done
 	}
 	fmt.Fprintln(out, "embcache serve: stopped")
 	return err

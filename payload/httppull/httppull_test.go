@@ -323,7 +323,7 @@ func (c *openCount) Open(ctx context.Context, obj payload.ObjectID) (*payload.Bl
 
 // A client that asks for a value and stops reading holds the handler,
 // and the value's blob (an shm mapping), for the write stall only: it held
-// them until the client went away (a helper's hunt found it). A pull on a
+// them until the client went away. A pull on a
 // connection after a completed one is not cut short by the first one's
 // deadline.
 func TestAClientThatStopsReadingIsDropped(t *testing.T) {

@@ -901,8 +901,7 @@ func filled(b byte, n int) *payload.Value {
 // Location of their own bytes, never the other's: a lapsed holder's
 // value (from before an invalidation, say) must not be committed under
 // the next holder's record, where it would pass the reader's checksum.
-// (The loser of the race returned the winner's Location: 178 of 400 Puts,
-// a helper's hunt found it.)
+// (The loser of the race returned the winner's Location: 178 of 400 Puts.)
 func TestPutsOfOtherBytesAtOnceEachNameTheirOwn(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(testDir(t))
@@ -930,8 +929,7 @@ func TestPutsOfOtherBytesAtOnceEachNameTheirOwn(t *testing.T) {
 
 // What is not a value file under a value's name is no value: a directory
 // fails the Put (which said it had stored the bytes), and a FIFO neither
-// holds up a Get nor a Put (each blocked in its open until a writer came;
-// a helper's hunt found both).
+// holds up a Get nor a Put (each blocked in its open until a writer came).
 func TestANonFileUnderAValuesNameIsNoValue(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(testDir(t))
@@ -964,8 +962,8 @@ func TestANonFileUnderAValuesNameIsNoValue(t *testing.T) {
 }
 
 // A file cut short after it was mapped makes its hash an error, not a
-// crash of the process (a read past the end of a shared mapping faults;
-// a helper's hunt crashed a Get so, truncating the file while it hashed).
+// crash of the process (a read past the end of a shared mapping faults:
+// a Get crashed so when the file was truncated while it hashed).
 func TestAFileCutShortWhileHashedIsAnError(t *testing.T) {
 	f, err := os.Create(filepath.Join(testDir(t), "cut"))
 	if err != nil {
