@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
-	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
@@ -178,10 +178,10 @@ func (o observations) invalidationApplied(e events.Event) {
 func (o observations) staleTakeover()   { o.c.stats.staleTakeovers.Add(1) }
 func (o observations) badRecordPurged() { o.c.stats.badRecordsPurged.Add(1) }
 
-// badRecord: a record that did not decode, come upon by op (telemetry.OpRead
-// or telemetry.OpWatch).
-func (o observations) badRecord(err error, op string) {
-	if op == telemetry.OpWatch {
+// badRecord: a record that did not decode, come upon by op (decodestats.OpRead
+// or decodestats.OpWatch).
+func (o observations) badRecord(err error, op decodestats.RecordOp) {
+	if op == decodestats.OpWatch {
 		o.c.stats.badRecordsWatched.Add(1)
 	} else {
 		o.c.stats.badRecords.Add(1)

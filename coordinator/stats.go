@@ -4,7 +4,7 @@ import (
 	"github.com/embcache/embcache/events"
 	"sync/atomic"
 
-	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/localcache"
 )
 
@@ -105,11 +105,11 @@ func (c *Cache) Stats() Stats {
 
 // badRecord counts a record that did not decode when read.
 func (c *Cache) badRecord(err error) {
-	c.obs.badRecord(err, telemetry.OpRead)
+	c.obs.badRecord(err, decodestats.OpRead)
 }
 
 // badRecordWatched counts a record that did not decode, heard as a
 // change while this process waited on its key.
 func (c *Cache) badRecordWatched(err error) {
-	c.obs.badRecord(err, telemetry.OpWatch)
+	c.obs.badRecord(err, decodestats.OpWatch)
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/payload"
 	"go.opentelemetry.io/otel"
@@ -20,7 +20,7 @@ const ScopeName = "github.com/embcache/embcache/coordinator"
 
 // instruments are a Cache's metrics, in one place.
 type instruments struct {
-	*telemetry.Decode
+	*decodestats.Decode
 	tracer        trace.Tracer
 	requests      metric.Int64Counter     // by path
 	computeTime   metric.Float64Histogram // seconds
@@ -43,7 +43,7 @@ func newInstruments(c *Cache, tp trace.TracerProvider, mp metric.MeterProvider) 
 	m := mp.Meter(ScopeName)
 	in := &instruments{tracer: tp.Tracer(ScopeName)}
 	var err error
-	if in.Decode, err = telemetry.NewDecode(m); err != nil {
+	if in.Decode, err = decodestats.NewDecode(m); err != nil {
 		return nil, err
 	}
 	if in.pullErrors, err = m.Int64Counter("embcache.pull.errors", metric.WithUnit("{pull}"),

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/events"
-	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -100,7 +100,7 @@ func (r *Reconciler) active(ctx context.Context, b *lease.Bucket, el *lease.Leas
 				}
 			default:
 				if _, err := lease.DecodeRecord(key, m.Data()); err != nil {
-					r.tel.RecordBad(err, telemetry.OpWatch)
+					r.tel.RecordBad(err, decodestats.OpWatch)
 					x.bad.add(key) // purged once old, if nobody writes the key again
 				}
 			}
@@ -196,7 +196,7 @@ type shardMsg struct {
 func (r *Reconciler) read(ctx context.Context, b *lease.Bucket, key string) (lease.Entry, error) {
 	cur, err := b.Read(ctx, key)
 	if errors.Is(err, lease.ErrBadRecord) {
-		r.tel.RecordBad(err, telemetry.OpRead)
+		r.tel.RecordBad(err, decodestats.OpRead)
 	}
 	return cur, err
 }

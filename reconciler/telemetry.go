@@ -3,7 +3,7 @@ package reconciler
 import (
 	"context"
 
-	"github.com/embcache/embcache/internal/telemetry"
+	"github.com/embcache/embcache/internal/decodestats"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -11,7 +11,7 @@ import (
 
 // instruments are a Reconciler's metrics (docs/metrics.md).
 type instruments struct {
-	*telemetry.Decode
+	*decodestats.Decode
 	actions   metric.Int64Counter       // by action
 	elections metric.Int64Counter       // times this process became the active reconciler
 	active    metric.Int64UpDownCounter // 1 while this process is the active reconciler, else 0
@@ -25,7 +25,7 @@ func newInstruments(mp metric.MeterProvider) (*instruments, error) {
 	m := mp.Meter(ScopeName)
 	in := &instruments{}
 	var err error
-	if in.Decode, err = telemetry.NewDecode(m); err != nil {
+	if in.Decode, err = decodestats.NewDecode(m); err != nil {
 		return nil, err
 	}
 	if in.actions, err = m.Int64Counter("embcache.reconciler.actions", metric.WithUnit("{action}"),

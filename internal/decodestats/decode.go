@@ -1,7 +1,7 @@
-// Package telemetry holds the counters that more than one process role
+// Package decodestats holds the counters that more than one process role
 // exports: what a process decodes from the event stream and the lease
 // bucket, and what it cannot (docs/metrics.md).
-package telemetry
+package decodestats
 
 import (
 	"context"
@@ -12,10 +12,13 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Record ops: how a process came upon a record.
+// RecordOp is how a process came upon a record.
+type RecordOp string
+
+// Record ops.
 const (
-	OpRead  = "read"  // it read the key
-	OpWatch = "watch" // its watcher saw the change
+	OpRead  RecordOp = "read"  // it read the key
+	OpWatch RecordOp = "watch" // its watcher saw the change
 )
 
 // Decode counts what a process decodes from the stream and the bucket,
@@ -74,17 +77,23 @@ var (
 	}()
 	// A record has no size limit of its own: the other reasons apply.
 	recordReasons = []events.BadReason{events.BadMalformed, events.BadVersion, events.BadInvalid}
-	recordAttrs   = func() map[[2]string]metric.MeasurementOption {
-		m := map[[2]string]metric.MeasurementOption{}
+	recordAttrs   = func() map[recordAttr]metric.MeasurementOption {
+		m := map[recordAttr]metric.MeasurementOption{}
 		for _, r := range recordReasons {
-			for _, op := range []string{OpRead, OpWatch} {
-				m[[2]string{r.String(), op}] = metric.WithAttributeSet(attribute.NewSet(
-					attribute.String("reason", r.String()), attribute.String("op", op)))
+			for _, op := range []RecordOp{OpRead, OpWatch} {
+				m[recordAttr{r.String(), op}] = metric.WithAttributeSet(attribute.NewSet(
+					attribute.String("reason", r.String()), attribute.String("op", string(op))))
 			}
 		}
 		return m
 	}()
 )
+
+// recordAttr keys the attribute sets of bad records.
+type recordAttr struct {
+	reason string
+	op     RecordOp
+}
 
 // EventDecoded counts an event of kind k.
 func (d *Decode) EventDecoded(k events.Kind) {
@@ -98,6 +107,6 @@ func (d *Decode) EventBad(r events.BadReason) {
 
 // RecordBad counts a record that did not decode (err wraps
 // lease.ErrBadRecord), come upon by op (OpRead or OpWatch).
-func (d *Decode) RecordBad(err error, op string) {
-	d.recordsBad.Add(context.Background(), 1, recordAttrs[[2]string{lease.BadReason(err).String(), op}])
+func (d *Decode) RecordBad(err error, op RecordOp) {
+	d.recordsBad.Add(context.Background(), 1, recordAttrs[recordAttr{lease.BadReason(err).String(), op}])
 }
