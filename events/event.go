@@ -99,7 +99,7 @@ type Event struct {
 // Subject returns the event's subject: embcache.ev.<tenant>.<kind>.<keyhex>.
 // An invalidated event's key is InvalidationKey(model, epoch).
 func (e *Event) Subject() string {
-	return "embcache.ev." + e.Tenant + "." + e.Kind.String() + "." + e.Key.String()
+	return SubjectPrefix + e.Tenant + "." + e.Kind.String() + "." + e.Key.String()
 }
 
 // SubjectPrefix is the root of every event subject.
