@@ -60,6 +60,23 @@ const (
 // fork()): such an answer is refused, never taken as a value.
 const CallHeader = "Embcache-Call"
 
+// ClientHeader names the client a call is made for. A client that sends it
+// on every call has its pins kept while any of its connections is open, not
+// only those its lookups came on.
+const ClientHeader = "Embcache-Client"
+
+// HeartbeatHeader asks for heartbeats while a lookup waits: a client that
+// sends it ("1") gets a 102 Processing answer every heartbeatEvery until
+// the final answer, so it can bound each silence by a short timeout (a
+// hung agent is noticed in seconds) while a lookup waits minutes for
+// another process's compute. HTTP/1.1 clients skip 1xx answers.
+const HeartbeatHeader = "Embcache-Heartbeat"
+
+// ConfigHeader carries the preprocessing config (a JSON object, as in
+// KeyRequest.Config) of a POST /v1/key/bytes call, whose body is the input
+// itself.
+const ConfigHeader = "Embcache-Config"
+
 // LookupResponse is a hit (Value set) or a reservation. It names what it
 // answers (the key as the agent understood it, the client and the request),
 // so that a client can check that the answer is the one to its question.

@@ -56,6 +56,7 @@ type APIError struct {
 	Message string
 }
 
+// Error returns the agent's code and message.
 func (e *APIError) Error() string {
 	return fmt.Sprintf("agent: %d %s: %s", e.Status, e.Code, e.Message)
 }

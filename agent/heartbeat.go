@@ -5,13 +5,6 @@ import (
 	"time"
 )
 
-// HeartbeatHeader asks for heartbeats while a lookup waits: a client that
-// sends it ("1") gets a 102 Processing answer every heartbeatEvery until
-// the final answer, so it can bound each silence by a short timeout (a
-// hung agent is noticed in seconds) while a lookup waits minutes for
-// another process's compute. HTTP/1.1 clients skip 1xx answers.
-const HeartbeatHeader = "Embcache-Heartbeat"
-
 // heartbeatEvery is the interval of a lookup's heartbeats.
 const heartbeatEvery = time.Second
 

@@ -11,11 +11,6 @@ import (
 	"github.com/embcache/embcache/cachekey"
 )
 
-// ConfigHeader carries the preprocessing config (a JSON object, as in
-// KeyRequest.Config) of a POST /v1/key/bytes call, whose body is the input
-// itself.
-const ConfigHeader = "Embcache-Config"
-
 // keyers are the Keyers of the configs seen last, by their JSON text: a
 // stage sends the same config with every input, and decoding and checking
 // it again would cost more than hashing a small input.

@@ -1,19 +1,14 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,31 +21,6 @@ import (
 	"github.com/embcache/embcache/payload/shm"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sys/unix"
-)
-
-var (
-	// ErrUnknownReservation is answered (404) for a reservation the agent
-	// never made, or ended too long ago to remember why (an ended one it
-	// remembers is ErrReservationEnded or ErrComputeTimeout).
-	ErrUnknownReservation = errors.New("agent: unknown reservation")
-	// ErrBadRequest is answered (400) for a body that does not decode or
-	// breaks the API's rules.
-	ErrBadRequest = errors.New("agent: bad request")
-	// ErrReservationEnded is answered (410, code reservation_ended) for a
-	// reservation that has ended: abandoned, or its connection closed. The
-	// agent's other waiters for the key look it up again.
-	ErrReservationEnded = errors.New("agent: the reservation has ended")
-	// ErrComputeTimeout is answered (410, code compute_timeout) for a
-	// reservation that was not committed within the compute timeout; the
-	// key is free for another process to compute.
-	ErrComputeTimeout = errors.New("agent: the reservation ran past the compute timeout")
-	// ErrSlotDirInUse is returned by New when another running agent holds
-	// the slot directory (one agent per --shm-dir): starting would have
-	// removed that agent's slots under its clients.
-	ErrSlotDirInUse = errors.New("agent: the slot directory is another running agent's")
-	// errCommitted is what a reservation that was committed ended with: a
-	// second commit of it is refused (410, code reservation_ended).
-	errCommitted = fmt.Errorf("%w: it was committed", ErrReservationEnded)
 )
 
 // Server is a node agent's API. Serve it on a Unix socket.
@@ -93,32 +63,6 @@ type storedFile struct {
 	v             *payload.Value // the value the file was checked against
 	size, modTime int64
 	sum           payload.Checksum
-}
-
-// Option configures a Server.
-type Option func(*Server) error
-
-// WithLogger sets the logger (default: slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(s *Server) error { s.logger = l; return nil }
-}
-
-// WithSlotDir sets where slots are created (default: the store's directory
-// plus ".slots"). It must be on the same tmpfs as the store to be cheap.
-func WithSlotDir(dir string) Option {
-	return func(s *Server) error { s.slotDir = dir; return nil }
-}
-
-// WithMaxBody bounds request bodies (default 1 GiB): a commit of posted
-// bytes or a key of a decoded tensor carries the data.
-func WithMaxBody(n int64) Option {
-	return func(s *Server) error {
-		if n <= 0 {
-			return fmt.Errorf("agent: max body %d: must be positive", n)
-		}
-		s.maxBody = n
-		return nil
-	}
 }
 
 // slotDirMode is the slot directory's when the store has a group
@@ -264,103 +208,6 @@ func (s *Server) Stats() Stats {
 		FailedCommits: s.failedCommits.Load()}}
 }
 
-// echoCall copies the request's CallHeader into the answer before any
-// handler writes it, so that every answer names the call it answers.
-func echoCall(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if call := r.Header.Get(CallHeader); call != "" {
-			w.Header().Set(CallHeader, call)
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// ClientHeader names the client a call is made for. A client that sends it
-// on every call has its pins kept while any of its connections is open, not
-// only those its lookups came on.
-const ClientHeader = "Embcache-Client"
-
-// callsFor records the client a call names (ClientHeader) for the call's
-// connection.
-func callsFor(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if client := r.Header.Get(ClientHeader); client != "" {
-			sessionOf(r).callsFor(client)
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-type sessionKey struct{}
-
-func sessionOf(r *http.Request) *session { return r.Context().Value(sessionKey{}).(*session) }
-
-// decode reads a JSON body into v, bounded by the max body size.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
-	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return false
-	}
-	if err := exactNames(body, v); err != nil {
-		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return false
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return false
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		s.fail(w, fmt.Errorf("%w: data after the request's JSON object", ErrBadRequest))
-		return false
-	}
-	return true
-}
-
-// reply answers v with a Content-Length (clients read exactly that much).
-func reply(w http.ResponseWriter, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.Write(b)
-}
-
-// fail answers err with its status and code.
-func (s *Server) fail(w http.ResponseWriter, err error) {
-	status, code := http.StatusInternalServerError, "internal"
-	switch {
-	case errors.Is(err, ErrBadRequest):
-		status, code = http.StatusBadRequest, "bad_request"
-		s.badRequests.Add(1)
-	case errors.Is(err, ErrUnknownReservation):
-		status, code = http.StatusNotFound, "not_found"
-	case errors.Is(err, ErrComputeTimeout):
-		status, code = http.StatusGone, "compute_timeout"
-	case errors.Is(err, ErrReservationEnded):
-		status, code = http.StatusGone, "reservation_ended"
-	case errors.Is(err, coordinator.ErrComputeTimeout):
-		status, code = http.StatusGatewayTimeout, "compute_timeout"
-	case errors.Is(err, coordinator.ErrLeaseLost):
-		status, code = http.StatusConflict, "conflict"
-	case errors.Is(err, payload.ErrNoSpace):
-		status, code = http.StatusServiceUnavailable, "no_space"
-	case errors.Is(err, coordinator.ErrStoreUnavailable), errors.Is(err, coordinator.ErrClosed):
-		// A closing agent is, to its client, a store it cannot reach: the
-		// client computes without it (its degrade path), as it does when
-		// the agent is gone.
-		status, code = http.StatusServiceUnavailable, "unavailable"
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(Error{Error: err.Error(), Code: code})
-}
-
 func (s *Server) handleKey(w http.ResponseWriter, r *http.Request) {
 	var req KeyRequest
 	if !s.decode(w, r, &req) {
@@ -382,188 +229,6 @@ func checkRequest(client, requestID string) error {
 		return fmt.Errorf("%w: client and request_id are required", ErrBadRequest)
 	}
 	return nil
-}
-
-// lookupRequest decodes and checks a lookup's or get's body, and records
-// its client for the connection; false if it answered an error.
-func (s *Server) lookupRequest(w http.ResponseWriter, r *http.Request) (LookupRequest, coordinator.Ref, bool) {
-	var req LookupRequest
-	if !s.decode(w, r, &req) {
-		return req, coordinator.Ref{}, false
-	}
-	if err := checkRequest(req.Client, req.RequestID); err != nil {
-		s.fail(w, err)
-		return req, coordinator.Ref{}, false
-	}
-	ref, err := s.refOf(req.KeyRef)
-	if err != nil {
-		s.fail(w, fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return req, coordinator.Ref{}, false
-	}
-	if !sessionOf(r).callsFor(req.Client) {
-		s.fail(w, fmt.Errorf("%w: its connection closed", ErrReservationEnded))
-		return req, coordinator.Ref{}, false
-	}
-	s.lookups.Add(1)
-	return req, ref, true
-}
-
-func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
-	req, ref, ok := s.lookupRequest(w, r)
-	if !ok {
-		return
-	}
-	sess := sessionOf(r)
-	resp, err := s.lookup(r.Context(), sess, req.Client, req.RequestID, ref, heartbeat(w, r))
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	resp.KeyRef, resp.Client, resp.RequestID = keyRefOf(ref), req.Client, req.RequestID
-	reply(w, resp)
-}
-
-// lookup answers a hit, or hands the compute to the client: the agent's
-// compute function for the key waits for the client's commit.
-func (s *Server) lookup(ctx context.Context, sess *session, client, requestID string, ref coordinator.Ref,
-	beat func()) (LookupResponse, error) {
-	pin := pinName(client, requestID)
-	dropped := false
-	for {
-		reserved := make(chan *reservation, 1)
-		type outcome struct {
-			v    *payload.Value
-			path coordinator.Path
-			err  error
-		}
-		done := make(chan outcome, 1)
-		s.pinned(client, pin)
-		go func() {
-			v, path, err := s.cache.GetOrComputePath(ctx, pin, ref, func(fctx context.Context) (*payload.Value, error) {
-				res := s.newReservation(sess, ref)
-				reserved <- res
-				return res.await(fctx)
-			})
-			done <- outcome{v, path, err}
-		}()
-		o, res := waitFor(done, reserved, beat)
-		if res != nil {
-			s.reserved.Add(1)
-			return LookupResponse{Status: StatusReserved, Reservation: res.id, SlotFile: res.slotFile()}, nil
-		}
-		if errors.Is(o.err, ErrReservationEnded) {
-			continue // another client of this agent gave the key up: try again
-		}
-		if o.err != nil {
-			return LookupResponse{}, o.err
-		}
-		hit, err := s.hit(ctx, ref, o.v)
-		if errors.Is(err, payload.ErrCorrupt) && !dropped {
-			// The node's file of the value failed its check (the store
-			// removed it). This process's copy may be a mapping of it:
-			// drop it and look the key up again, from the record.
-			s.cache.Release(pin)
-			s.cache.Drop(ref)
-			dropped = true
-			continue
-		}
-		if err != nil {
-			s.cache.Release(pin)
-			return LookupResponse{}, err
-		}
-		// Again: a release of the request that ran while this lookup
-		// waited forgot the name, and the pin taken since must still go
-		// when the client does.
-		s.pinned(client, pin)
-		s.hits.Add(1)
-		return LookupResponse{Status: StatusHit, Path: o.path.String(), Value: hit}, nil
-	}
-}
-
-// waitFor waits for a lookup's outcome or reservation, calling beat (if
-// not nil) every heartbeat interval meanwhile.
-func waitFor[O any](done <-chan O, reserved <-chan *reservation, beat func()) (O, *reservation) {
-	var beats <-chan time.Time
-	if beat != nil {
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		beats = t.C
-	}
-	for {
-		select {
-		case <-beats:
-			beat()
-		case res := <-reserved:
-			var zero O
-			return zero, res
-		case o := <-done:
-			return o, nil
-		}
-	}
-}
-
-// hit makes sure v lies, verified, in this node's shm store and says
-// where. The same value and an unchanged file (one stat) are not checked
-// again: hits are the path a Python stage waits on. A file that fails its
-// own check is payload.ErrCorrupt.
-func (s *Server) hit(ctx context.Context, ref coordinator.Ref, v *payload.Value) (*Hit, error) {
-	obj := ref.Object()
-	path := s.store.Path(obj)
-	seen, known := s.stored.Get(obj)
-	if known {
-		fi, err := os.Stat(path)
-		known = err == nil && seen.v == v && fi.Size() == seen.size && fi.ModTime().UnixNano() == seen.modTime
-	}
-	sum := seen.sum
-	if !known {
-		var err error
-		if sum, err = s.place(ctx, obj, v); err != nil {
-			return nil, err
-		}
-		if fi, err := os.Stat(path); err == nil {
-			s.stored.Add(obj, storedFile{v: v, size: fi.Size(), modTime: fi.ModTime().UnixNano(), sum: sum})
-		}
-	}
-	return &Hit{File: path, Offset: payload.DataOffset(v), Length: int64(len(v.Tensor.Data)),
-		Kind: v.Kind.String(), DType: dtypeName(v), Shape: v.Tensor.Shape, Tokens: v.Tokens,
-		Checksum: hex.EncodeToString(sum[:])}, nil
-}
-
-// place makes sure the node's file of obj holds v's bytes, checked: the
-// client maps it without checking it. A file with v's checksum is hashed
-// (once per file, by the store); a missing one is written; one that holds
-// other bytes, consistent with its own trailer (another value of the key,
-// from before or after an invalidation), is replaced by v's. A file whose
-// bytes disagree with its own trailer was changed in place: the store
-// removes it, and v, which may map it, is not written back
-// (payload.ErrCorrupt: the caller drops v).
-func (s *Server) place(ctx context.Context, obj payload.ObjectID, v *payload.Value) (payload.Checksum, error) {
-	sum, err := payload.Sum(v)
-	if err != nil {
-		return sum, err
-	}
-	header, err := payload.Header(v)
-	if err != nil {
-		return sum, err
-	}
-	loc := payload.Location{Transport: payload.TransportShm, Node: s.store.Node(), Address: s.store.Dir(),
-		Object: obj.String(), Size: int64(len(header) + len(v.Tensor.Data)), Checksum: sum}
-	check, err := s.store.Get(ctx, loc)
-	switch {
-	case err == nil:
-		check.Close()
-		return sum, nil
-	case errors.Is(err, payload.ErrCorrupt):
-		if _, serr := os.Stat(s.store.Path(obj)); serr != nil {
-			return sum, err // it failed its own check, and is gone
-		}
-	case !errors.Is(err, payload.ErrNotFound):
-		return sum, err
-	}
-	if _, err := s.store.Put(ctx, obj, v); err != nil {
-		return sum, err
-	}
-	return sum, nil
 }
 
 func (s *Server) handleSlot(w http.ResponseWriter, r *http.Request) {
@@ -636,58 +301,4 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 	pin := pinName(req.Client, req.RequestID)
 	s.unpinned(req.Client, pin)
 	reply(w, ReleaseResponse{Released: s.cache.Release(pin), Client: req.Client, RequestID: req.RequestID})
-}
-
-func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
-	req, ref, ok := s.lookupRequest(w, r)
-	if !ok {
-		return
-	}
-	s.mu.Lock()
-	landing := s.landing[ref.Object()]
-	s.mu.Unlock()
-	if landing != nil {
-		t := time.NewTimer(landingWait)
-		select { // a commit this agent answered: milliseconds, unless NATS stalls
-		case <-landing:
-		case <-t.C:
-		case <-r.Context().Done():
-		}
-		t.Stop()
-	}
-	pin := pinName(req.Client, req.RequestID)
-	s.pinned(req.Client, pin)
-	resp := LookupResponse{Status: StatusMiss, KeyRef: keyRefOf(ref), Client: req.Client, RequestID: req.RequestID}
-	v, path, err := s.cache.Get(r.Context(), pin, ref)
-	switch {
-	case errors.Is(err, coordinator.ErrNotCached):
-	case err != nil:
-		s.fail(w, err)
-		return
-	default:
-		hit, err := s.hit(r.Context(), ref, v)
-		if err != nil {
-			s.cache.Release(pin)
-			s.fail(w, err)
-			return
-		}
-		s.pinned(req.Client, pin) // again: see lookup
-		s.hits.Add(1)
-		resp.Status, resp.Path, resp.Value = StatusHit, path.String(), hit
-	}
-	reply(w, resp)
-}
-
-// landingWait bounds how long a get waits for a commit this agent has
-// answered and is still storing (a NATS that stalls holds its commit up
-// to the op timeouts): then it answers as any get, well within a client's
-// call timeout.
-const landingWait = time.Second
-
-// dtypeName is a hit's dtype: none for a tokens value, which has no tensor.
-func dtypeName(v *payload.Value) string {
-	if v.Kind == payload.KindTokens {
-		return ""
-	}
-	return v.Tensor.DType.String()
 }
