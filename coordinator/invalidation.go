@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -176,5 +177,50 @@ func publishInvalidation(ctx context.Context, pub *events.Publisher, e *events.E
 	if err := pub.PublishSync(ctx, e); err != nil {
 		return fmt.Errorf("coordinator: invalidate: the tombstone is written but the invalidated event was not published (invalidate again): %w", err)
 	}
+	return nil
+}
+
+// Invalidate declares every value of tenant computed by model at weight
+// epoch stale, as the package's Invalidate does, and drops this process's
+// copies at once (the others drop theirs when the invalidated event
+// reaches them). It needs the event stream (WithEvents). After Close has
+// begun it is ErrClosed (wrapped). Close does not cancel one in flight but
+// waits for it (its tombstone and its event, each within the op timeout):
+// a tombstone written without its event would leave the other processes'
+// copies of the labels in use. An error that says the event was not
+// published (the caller's ctx ended, the stream did not answer) means
+// that the tombstone is written: invalidate again.
+func (c *Cache) Invalidate(ctx context.Context, tenant, model string, epoch uint64) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.exit()
+	if len(c.s.tenants) > 0 && !slices.Contains(c.s.tenants, tenant) {
+		return fmt.Errorf("%w: %q", ErrTenant, tenant)
+	}
+	l := c.eventLink()
+	b := c.bucket()
+	if l == nil || b == nil {
+		return fmt.Errorf("%w: invalidation needs the bucket and the event stream", ErrStoreUnavailable)
+	}
+	// Not bound to the Cache's life (bind): a write Close cut short could
+	// land all the same, and no one here would publish its event after
+	// Close.
+	octx, ocancel := c.opContext(ctx)
+	e, err := writeTombstone(octx, b, c.owner, c.s.node, tenant, model, epoch, c.s.storeTTL)
+	ocancel()
+	if err != nil {
+		return err
+	}
+	if h := c.s.tombstoneWritten; h != nil {
+		h(c.life)
+	}
+	octx, ocancel = c.opContext(ctx)
+	err = publishInvalidation(octx, l.pub, e)
+	ocancel()
+	if err != nil {
+		return err
+	}
+	l.apply(*e)
 	return nil
 }

@@ -1,8 +1,9 @@
 package coordinator
 
 import (
-	"github.com/embcache/embcache/events"
 	"sync/atomic"
+
+	"github.com/embcache/embcache/events"
 
 	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/localcache"
