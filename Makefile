@@ -44,6 +44,7 @@ vet:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags mooncake $(PKGS)
 	cd $(BENCH_MOD) && $(GO) vet ./...
+	cd $(BENCH_MOD) && $(GO) vet -tags mooncake ./...
 
 test-go:
 	$(GO) test -race -count=1 $(PKGS)
@@ -72,6 +73,7 @@ build/mooncake/lib/libmooncake_store.so: $(MOONCAKE_BUNDLE)
 test-mooncake: $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
 	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake ./payload/mooncake/... ./node/
 	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache/ ./coordinator/
+	cd $(BENCH_MOD) && EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -race -count=1 -tags mooncake -run Mooncake ./cmd/embcache-bench/
 
 ## build-mooncake: bin/embcache-mooncake, the command with the Mooncake transport (cgo; it opens libmooncake_store.so at run time).
 build-mooncake:
@@ -92,6 +94,23 @@ test-faults:
 BENCH_FLAGS ?=
 bench: build-bench debs
 	$(BIN)/embcache-bench --out bench.json $(BENCH_FLAGS)
+
+.PHONY: build-bench-mooncake bench-mooncake bench-get
+
+## build-bench-mooncake: bin/embcache-bench-mooncake, the bench with the Mooncake transport (cgo, -tags mooncake): its workload suite runs embcache-r1-mooncake.
+build-bench-mooncake:
+	cd $(BENCH_MOD) && CGO_ENABLED=1 $(GO) build -trimpath -tags mooncake -ldflags '-s -w' -o $(abspath $(BIN))/embcache-bench-mooncake ./cmd/embcache-bench
+
+## bench-mooncake: the dedup workload, every system, embcache-r1-mooncake beside the others, against a real Mooncake Store (MOONCAKE_DIR or build/mooncake); JSON in bench.json.
+MOONCAKE_BENCH_FLAGS ?=
+bench-mooncake: build-bench-mooncake debs $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
+	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(BIN)/embcache-bench-mooncake --suites workload --out bench.json $(MOONCAKE_BENCH_FLAGS)
+
+## bench-get: a cross-process get of 1, 8 and 100 MiB through shm, httppull and Mooncake, each against bare loopback TCP in the same run (GET_BENCHTIME rounds).
+GET_BENCHTIME ?= 10x
+bench-get: $(if $(wildcard $(MOONCAKE_BUNDLE)),mooncake,)
+	$(GO) test -run '^$$' -bench '^BenchmarkCrossProcessGet$$' -benchtime $(GET_BENCHTIME) ./payload/shm/ ./payload/httppull/
+	EMBCACHE_MOONCAKE_DIR=$(MOONCAKE_DIR) $(GO) test -tags mooncake -run '^$$' -bench '^BenchmarkRealMooncakeGet$$' -benchtime $(GET_BENCHTIME) ./payload/mooncake/
 
 ## bench-go: the go test benchmarks of each package.
 bench-go:

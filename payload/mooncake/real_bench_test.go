@@ -3,6 +3,7 @@
 package mooncake
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -14,9 +15,12 @@ import (
 
 // BenchmarkRealMooncakeGet reads 1, 8 and 100 MiB values from a real
 // Mooncake Store whose segment another process holds (the cross-process
-// get a reader on another node makes, over loopback TCP here) and,
-// alternately, the same bytes over a bare TCP connection; x-bare-tcp is
-// their ratio. Needs a real store (make test-mooncake's, or MOONCAKE_DIR).
+// get a reader on another node makes, over loopback TCP here), checksum
+// verified, and, alternately, the same bytes over a bare TCP connection;
+// x-bare-tcp is their ratio, reported as payload/shm's and
+// payload/httppull's BenchmarkCrossProcessGet report theirs
+// (workload.AgainstBareTCP). Needs a real store (make test-mooncake's, or
+// MOONCAKE_DIR).
 func BenchmarkRealMooncakeGet(b *testing.B) {
 	c := startMaster(b, mooncaketest.Dir(b))
 	startHolder(b, c, 512<<20)
@@ -32,35 +36,29 @@ func BenchmarkRealMooncakeGet(b *testing.B) {
 		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
 			o := obj
 			o.Key[3] = byte(0x70 + i)
-			loc, err := s.Put(ctx, o, value(size))
+			want := value(size)
+			loc, err := s.Put(ctx, o, want)
 			if err != nil {
 				b.Fatal(err)
 			}
-			addr, stop, err := workload.BareTCPServer(make([]byte, loc.Size))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer stop()
-			dst := make([]byte, loc.Size)
-			var tGet, tTCP time.Duration
-			for b.Loop() {
+			var last []byte
+			tGet, tTCP, rounds, err := workload.AgainstBareTCP(int(loc.Size), b.Loop, func() (time.Duration, error) {
 				t0 := time.Now()
 				got, err := s.Get(ctx, loc)
 				if err != nil {
-					b.Fatal(err)
+					return 0, err
 				}
-				t1 := time.Now()
-				got.Close()
-				if err := workload.ReadBareTCP(addr, dst); err != nil {
-					b.Fatal(err)
-				}
-				tTCP += time.Since(t1)
-				tGet += t1.Sub(t0)
+				d := time.Since(t0)
+				last = append(last[:0], got.Tensor.Data...)
+				return d, got.Close()
+			})
+			if err != nil {
+				b.Fatal(err)
 			}
-			n := float64(b.N)
-			b.ReportMetric(float64(loc.Size)*n/tGet.Seconds()/1e9, "GB/s-get")
-			b.ReportMetric(float64(loc.Size)*n/tTCP.Seconds()/1e9, "GB/s-tcp")
-			b.ReportMetric(float64(tGet)/float64(tTCP), "x-bare-tcp")
+			if !bytes.Equal(last, want.Tensor.Data) {
+				b.Fatal("the bytes read back are not the ones put")
+			}
+			workload.ReportAgainstBareTCP(b, "get", int(loc.Size), rounds, tGet, tTCP)
 		})
 	}
 }

@@ -60,7 +60,8 @@ func newRoot() *cobra.Command {
 			"coord (a cluster-wide miss and a waiter's wake vs bare KV CAS and put->watch; R1 and R3,\n" +
 			"SyncAlways on and off), payload (shm and httppull get vs memcpy and bare loopback TCP),\n" +
 			"workload (P processes x C goroutines over Zipf inputs: no cache, in-process only, a Redis\n" +
-			"single-flight, groupcache, embcache R1, R3 and R1 over shm; redis-server must be on PATH),\n" +
+			"single-flight, groupcache, embcache R1, R3, R1 over shm and R1 over a real Mooncake Store (a\n" +
+			"binary built with -tags mooncake, make build-bench-mooncake); redis-server must be on PATH),\n" +
 			"scale (NATS messages per request and per forward of embcache R1 for 2 to 32 processes; with\n" +
 			"10^4..10^6 committed records: a new process's time to its first hit, the reconciler's heap and\n" +
 			"start, stats and leases ls).",

@@ -24,7 +24,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "embcache-bench")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+	args := []string{"build", "-o", binary}
+	if mooncakeBuilt { // the command as this test was built: with the Mooncake transport
+		args = append(args, "-tags", "mooncake")
+	}
+	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building embcache-bench: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -83,6 +87,10 @@ func TestBenchQuick(t *testing.T) {
 			t.Logf("redis-server is not installed (make test installs it): %s", w.Skipped)
 			continue
 		}
+		if w.System == sysEmbcacheMC && mooncakeSkip(defaultMooncakeDir()) != "" {
+			t.Logf("%s: %s", w.System, w.Skipped) // TestWorkloadMooncake runs it where it can
+			continue
+		}
 		if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || !strings.Contains(stdout, w.System) {
 			t.Fatalf("workload row %+v", w)
 		}
@@ -106,6 +114,51 @@ func TestBenchQuick(t *testing.T) {
 	}
 	if _, _, code := run(t, "--suites", "nope"); code != 2 {
 		t.Fatalf("unknown suite: exit %d", code)
+	}
+}
+
+// The workload through a real Mooncake Store (make test-mooncake runs this
+// with the tag and the store): each input is computed once, no request
+// fails, and the values went through Mooncake.
+func TestWorkloadMooncake(t *testing.T) {
+	if why := mooncakeSkip(defaultMooncakeDir()); why != "" {
+		if mooncakeBuilt && os.Getenv("EMBCACHE_REQUIRE_MOONCAKE") == "1" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	out := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, code := run(t, "--suites", "workload", "--quick", "--systems", sysEmbcacheMC, "--out", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Workload []workloadRow `json:"workload"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Workload) != 1 {
+		t.Fatalf("bench JSON: %v\n%s", err, raw)
+	}
+	w := r.Workload[0]
+	if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || w.Forwards != w.Unique || !strings.Contains(stdout, sysEmbcacheMC) {
+		t.Fatalf("workload row %+v", w)
+	}
+	// The processes read each other's values (remote hits and waits), from
+	// Mooncake: no process serves them over HTTP in this system. None failed.
+	var read, failed float64
+	for _, d := range w.Details {
+		if m, ok := d.(map[string]any); ok {
+			for k, into := range map[string]*float64{"RemoteHits": &read, "Waits": &read, "PayloadErrors": &failed, "Degraded": &failed} {
+				n, _ := m[k].(float64)
+				*into += n
+			}
+		}
+	}
+	if read == 0 || failed != 0 {
+		t.Fatalf("values read from another process: %v, payload errors and degraded computes: %v; %+v", read, failed, w.Details)
 	}
 }
 

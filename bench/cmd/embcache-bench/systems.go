@@ -53,29 +53,31 @@ const (
 	sysEmbcacheNS = "embcache-r1-nosync" // SyncAlways off: as durable as the Redis peer (no persistence)
 	sysEmbcacheR3 = "embcache-r3"
 	sysEmbcacheSh = "embcache-r1-shm"
+	sysEmbcacheMC = "embcache-r1-mooncake" // values through a real Mooncake Store (mooncake.go)
 )
 
-var allSystems = []string{sysNone, sysLocal, sysRedis, sysGroupcache, sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh}
+var allSystems = []string{sysNone, sysLocal, sysRedis, sysGroupcache, sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh, sysEmbcacheMC}
 
 // dedupConfig is what the bench hands each worker process.
 type dedupConfig struct {
-	System       string   `json:"system"`
-	Proc         int      `json:"proc"`
-	Procs        int      `json:"procs"`
-	Goroutines   int      `json:"goroutines"`
-	Unique       int      `json:"unique"`
-	Requests     int      `json:"requests"`
-	Zipf         float64  `json:"zipf"`
-	Seed         uint64   `json:"seed"`
-	EncodeMS     int      `json:"encode_ms"`
-	EmbedBytes   int      `json:"embed_bytes"`
-	NATS         string   `json:"nats,omitempty"`
-	Replicas     int      `json:"replicas,omitempty"`
-	Redis        string   `json:"redis,omitempty"`
-	PeerAddrs    []string `json:"peer_addrs,omitempty"` // one loopback address per process (groupcache or httppull)
-	ShmDir       string   `json:"shm_dir"`
-	LocalMaxByte int64    `json:"local_max_bytes"`
-	Shards       int      `json:"shards,omitempty"` // embcache: lease shards
+	System       string          `json:"system"`
+	Proc         int             `json:"proc"`
+	Procs        int             `json:"procs"`
+	Goroutines   int             `json:"goroutines"`
+	Unique       int             `json:"unique"`
+	Requests     int             `json:"requests"`
+	Zipf         float64         `json:"zipf"`
+	Seed         uint64          `json:"seed"`
+	EncodeMS     int             `json:"encode_ms"`
+	EmbedBytes   int             `json:"embed_bytes"`
+	NATS         string          `json:"nats,omitempty"`
+	Replicas     int             `json:"replicas,omitempty"`
+	Redis        string          `json:"redis,omitempty"`
+	PeerAddrs    []string        `json:"peer_addrs,omitempty"` // one loopback address per process (groupcache or httppull)
+	ShmDir       string          `json:"shm_dir"`
+	LocalMaxByte int64           `json:"local_max_bytes"`
+	Shards       int             `json:"shards,omitempty"`   // embcache: lease shards
+	Mooncake     *mooncakeConfig `json:"mooncake,omitempty"` // embcache-r1-mooncake: the store
 }
 
 // openSystem joins cfg.System. computeOf gives the compute of a key's
@@ -95,13 +97,23 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 		return openRedisSystem(cfg)
 	case sysGroupcache:
 		return openGroupcache(cfg, computeOf)
-	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh:
+	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh, sysEmbcacheMC:
 		o := node.Options{NATSURL: cfg.NATS, Name: fmt.Sprintf("p%d", cfg.Proc), ShmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
 			Replicas: cfg.Replicas, LeaseShards: cfg.Shards, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger,
 			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.Budget{MaxBytes: cfg.LocalMaxByte})}}
-		if cfg.System == sysEmbcacheSh { // one node: every process maps the others' files
+		switch {
+		case cfg.System == sysEmbcacheSh: // one node: every process maps the others' files
 			o.Name, o.ShmDir = "bench-node", filepath.Join(cfg.ShmDir, "shared")
-		} else {
+		case cfg.System == sysEmbcacheMC:
+			// Each process contributes a segment (the default, 512 MiB)
+			// for the run, as a node's long-lived process does.
+			if cfg.Mooncake == nil {
+				return nil, fmt.Errorf("%s: no Mooncake store in the config", cfg.System)
+			}
+			o.Payload = node.PayloadMooncake
+			o.Mooncake = node.MooncakeOptions{Library: cfg.Mooncake.Library, MasterServerAddr: cfg.Mooncake.Master,
+				MetadataServer: cfg.Mooncake.Metadata, LocalHostname: "127.0.0.1", Protocol: "tcp"}
+		default:
 			o.PayloadListen = cfg.PeerAddrs[cfg.Proc]
 		}
 		n, err := node.New(o)

@@ -42,7 +42,8 @@ type workloadFlags struct {
 	zipf, embedMB                                 float64
 	systems                                       string
 	rounds                                        int
-	shards                                        int // embcache: lease shards (0: one)
+	shards                                        int    // embcache: lease shards (0: one)
+	mooncakeDir                                   string // embcache-r1-mooncake: a Mooncake install
 }
 
 func (w *workloadFlags) register(fs *pflag.FlagSet) {
@@ -55,6 +56,8 @@ func (w *workloadFlags) register(fs *pflag.FlagSet) {
 	fs.Float64Var(&w.embedMB, "embed-mb", 2, "workload: embedding size in MiB")
 	fs.StringVar(&w.systems, "systems", strings.Join(allSystems, ","), "workload: systems to compare")
 	fs.IntVar(&w.rounds, "rounds", 3, "workload: runs per system; the run with the median requests/s is reported")
+	fs.StringVar(&w.mooncakeDir, "mooncake-dir", defaultMooncakeDir(), "workload: a Mooncake install (lib/libmooncake_store.so, bin/mooncake_master) for embcache-r1-mooncake, "+
+		"which needs a binary built with cgo and -tags mooncake (make build-bench-mooncake; default $EMBCACHE_MOONCAKE_DIR or $MOONCAKE_DIR)")
 }
 
 // workloadRow is one system's run.
@@ -144,6 +147,9 @@ func benchWorkload(ctx context.Context, wf workloadFlags, log io.Writer) ([]work
 				return rows, fmt.Errorf("%s: %w", sys, err)
 			}
 			runs = append(runs, row)
+			if row.Skipped != "" && row.Seconds == 0 { // it cannot run here: once says why
+				break
+			}
 		}
 		slices.SortFunc(runs, func(a, b workloadRow) int { return cmp.Compare(a.RequestsPerSec, b.RequestsPerSec) })
 		row := runs[len(runs)/2]
@@ -182,7 +188,19 @@ func runSystem(ctx context.Context, self, sys string, wf workloadFlags) (workloa
 	var leaders func() []string // where the bucket's shards are led, after the run
 	cpu := cpuClock(selfCPU)
 	switch sys {
-	case sysEmbcache, sysEmbcacheNS, sysEmbcacheSh:
+	case sysEmbcache, sysEmbcacheNS, sysEmbcacheSh, sysEmbcacheMC:
+		if sys == sysEmbcacheMC {
+			if why := mooncakeSkip(wf.mooncakeDir); why != "" {
+				row.Skipped = why
+				return row, nil
+			}
+			mc, pid, stop, err := startMooncakeMaster(wf.mooncakeDir)
+			if err != nil {
+				return row, err
+			}
+			defer stop()
+			base.Mooncake, cpu = &mc, processCPU(pid)
+		}
 		srv, err := embedded.Start(embedded.Options{StoreDir: dir, NoSync: sys == sysEmbcacheNS})
 		if err != nil {
 			return row, err
