@@ -11,6 +11,7 @@ import (
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/node"
 	"github.com/spf13/cobra"
@@ -67,7 +68,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	defer stopTelemetry(tel)
 	// Pulled values land in the store the agent answers files of:
 	// received there in one pass, not pulled into memory and copied.
-	c.nf.o.PullToShm = true
+	c.nf.o.PullToShm, c.nf.o.Role = true, live.RoleAgent
 	opts := []coordinator.Option{coordinator.WithComputeTimeout(c.computeTimeout)}
 	if c.localMaxBytes > 0 {
 		opts = append(opts, coordinator.WithLocalCache(localcache.WithMaxBytes(c.localMaxBytes)))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/node"
 )
 
@@ -88,7 +89,7 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	}
 	defer srv.Shutdown()
 	rec, err := node.New(node.Options{NATSURL: srv.ClientURL(), Name: "demo", ShmDir: shmDir, NoCache: true, Reconciler: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Role: live.RoleServe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}

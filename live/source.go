@@ -1,0 +1,28 @@
+package live
+
+import (
+	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/reconciler"
+)
+
+// FromCache is the Source of a Cache's counters (coordinator.Stats).
+func FromCache(c *coordinator.Cache) Source {
+	return func() Summary { return CacheFigures(c.Stats()) }
+}
+
+// CacheFigures are a Cache's counters as a summary's.
+func CacheFigures(st coordinator.Stats) Summary {
+	return Summary{
+		Requests: st.Requests, Forwards: st.Computes + st.ComputeErrors,
+		Pulled: st.PulledBytes, Written: st.WrittenBytes,
+		Held: st.Local.Bytes, Pinned: st.Local.PinnedBytes,
+		Degraded: st.Degraded, Lost: st.LeasesLost + st.CommitsRefused, PayloadErrors: st.PayloadErrors,
+		StoreDown: !st.StoreReachable,
+	}
+}
+
+// ReconcilerOf are a reconciler's counters as a summary's.
+func ReconcilerOf(st reconciler.Stats) *ReconcilerFigures {
+	return &ReconcilerFigures{Active: st.Active, Elected: st.Elected,
+		Actions: st.Touches + st.Expired + st.Invalidated + st.PayloadDeletes}
+}
