@@ -107,6 +107,12 @@ debs:
 # bench smoke test and the numpy tests skip, and say so.
 test-debs:
 	-scripts/install-debs.sh $(DEBS)
+	-scripts/install-debs.sh $(UI_DEBS)
+
+# The live view's tests run embcache top in a real terminal (tmux) and
+# serve's page in headless Chromium; without them they skip, and say so
+# (EMBCACHE_REQUIRE_UI=1, which .ci/run sets, makes that a failure).
+UI_DEBS := tmux chromium
 
 # Debian's python3 sees Debian's python3-numpy; a python3 earlier on PATH
 # (pyenv, a venv) may not.
