@@ -79,9 +79,9 @@ type Summary struct {
 
 // ReconcilerFigures are a reconciler's, in its process's summary.
 type ReconcilerFigures struct {
-	Active  bool   `msgpack:"active"`            // it is the cluster's active reconciler now
-	Elected uint64 `msgpack:"elected,omitempty"` // times it became active
-	Actions uint64 `msgpack:"actions,omitempty"` // touches, expiries, invalidations and payload deletes done
+	Active  bool   `msgpack:"active" json:"active"`                       // it is the cluster's active reconciler now
+	Elected uint64 `msgpack:"elected,omitempty" json:"elected,omitempty"` // times it became active
+	Actions uint64 `msgpack:"actions,omitempty" json:"actions,omitempty"` // touches, expiries, invalidations and payload deletes done
 }
 
 // Saved is the requests answered without an encoder forward of their

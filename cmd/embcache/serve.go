@@ -110,12 +110,16 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		return err
 	}
 	printPayloadAddr(out, "serve", n)
+	ui := serveLiveView(tel, n.Conn(), out)
 	if !c.noReconciler {
 		fmt.Fprintln(out, "embcache serve: reconciler campaigning")
 	}
 	if waitJetStream(ctx, n, out) {
 		fmt.Fprintln(out, "embcache serve: ready (Ctrl-C to stop)")
 		<-ctx.Done()
+	}
+	if ui != nil {
+		ui.Close() // before its connection
 	}
 	err = n.Close()
 	if srv != nil {
