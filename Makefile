@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: mooncake build-mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: demo-live mooncake build-mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -151,6 +151,10 @@ fuzz:
 ## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).
 demo: build
 	$(BIN)/embcache demo $(DEMO_FLAGS)
+
+## demo-live: the demo, kept up with its workload going until Ctrl-C: watch it at the page it prints, or with bin/embcache top.
+demo-live: build
+	$(BIN)/embcache demo --hold $(DEMO_FLAGS)
 
 ## image: the FROM-scratch image of the static binary (no image is pulled).
 image: build
