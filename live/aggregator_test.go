@@ -3,6 +3,7 @@ package live
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -246,6 +247,61 @@ func TestOptionsAreValidated(t *testing.T) {
 	} {
 		if !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// BenchmarkReceive is what a view spends per summary heard: decoding it
+// and taking its rates (docs/scaling.md 5), over 8000 processes.
+func BenchmarkReceive(b *testing.B) {
+	clock := newFakeClock()
+	a, err := NewAggregator(&nats.Conn{}, WithAggregatorClock(clock))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const procs = 8000
+	subjects, bodies := make([]string, procs), make([][]byte, procs)
+	s := *sample()
+	for i := range procs {
+		s.Node, s.ID = fmt.Sprintf("gpu-%d", i/8), fmt.Sprintf("%016x", i)
+		subjects[i] = Subject("", s.Node, s.ID)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		p := i % procs
+		if p == 0 {
+			b.StopTimer()
+			s.Seq++
+			s.Time += int64(2 * time.Second)
+			s.Requests["local-hit"] += 40
+			for j := range procs {
+				s.Node, s.ID = fmt.Sprintf("gpu-%d", j/8), fmt.Sprintf("%016x", j)
+				bodies[j], _ = Encode(&s)
+			}
+			b.StartTimer()
+		}
+		a.Receive(subjects[p], bodies[p])
+	}
+}
+
+// BenchmarkView is a view of 8000 processes: what top and the page ask
+// for once a second.
+func BenchmarkView(b *testing.B) {
+	clock := newFakeClock()
+	a, err := NewAggregator(&nats.Conn{}, WithAggregatorClock(clock))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := *sample()
+	s.Time = clock.Now().UnixNano()
+	for i := range 8000 {
+		s.Node, s.ID = fmt.Sprintf("gpu-%d", i/8), fmt.Sprintf("%016x", i)
+		body, _ := Encode(&s)
+		a.Receive(Subject("", s.Node, s.ID), body)
+	}
+	for b.Loop() {
+		if len(a.View().Processes) != 8000 {
+			b.Fatal("processes")
 		}
 	}
 }

@@ -7,13 +7,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
+	"github.com/nats-io/nats.go"
 )
 
 // liveInterval is the summaries' interval in the live view's tests: the
@@ -141,4 +144,47 @@ func requireTool(t *testing.T, name string) string {
 	}
 	t.Skipf("%s is not installed (make test-debs installs it; EMBCACHE_REQUIRE_UI=1 makes this a failure)", name)
 	return ""
+}
+
+// summaryCost measures what the summaries cost on the wire from now
+// until the returned function is called: messages per process per
+// second, and bytes per message (payload, and the PUB line's subject,
+// length and CRLFs: what a publisher sends) as mean and max.
+func summaryCost(t *testing.T, url string) func() string {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	msgs, bytes, maxBytes := map[string]int{}, 0, 0
+	sub, err := nc.Subscribe(live.TenantSubjects(""), func(m *nats.Msg) {
+		n := len("PUB  \r\n\r\n") + len(m.Subject) + len(fmt.Sprint(len(m.Data))) + len(m.Data)
+		mu.Lock()
+		defer mu.Unlock()
+		msgs[m.Subject]++
+		bytes += n
+		maxBytes = max(maxBytes, n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	start := time.Now()
+	t.Cleanup(nc.Close)
+	return func() string {
+		sub.Unsubscribe()
+		mu.Lock()
+		defer mu.Unlock()
+		secs, total := time.Since(start).Seconds(), 0
+		for _, n := range msgs {
+			total += n
+		}
+		if total == 0 {
+			return "no summaries heard"
+		}
+		return fmt.Sprintf("%d processes, %d summaries in %.1fs at a %v interval: %.2f msgs/s per process, %d bytes per summary on the wire (max %d), %.0f bytes/s per process",
+			len(msgs), total, secs, liveInterval, float64(total)/float64(len(msgs))/secs, bytes/total, maxBytes,
+			float64(bytes)/float64(len(msgs))/secs)
+	}
 }

@@ -17,7 +17,7 @@ import (
 func newTop() *cobra.Command {
 	var cf connFlags
 	var tenant string
-	var once, asJSON bool
+	var once, asJSON, leases bool
 	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "top",
@@ -42,7 +42,10 @@ func newTop() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			opts := []live.AggregatorOption{live.WithLeases(), live.WithReconcilerLag()}
+			opts := []live.AggregatorOption{live.WithReconcilerLag()}
+			if leases {
+				opts = append(opts, live.WithLeases())
+			}
 			if tenant != "" {
 				opts = append(opts, live.WithTenantOnly(tenant))
 			}
@@ -70,6 +73,7 @@ func newTop() *cobra.Command {
 	f.StringVar(&tenant, "tenant", "", "only this tenant's processes and leases (a NATS user that may see no other's)")
 	f.BoolVar(&once, "once", false, "print one snapshot and exit")
 	f.BoolVar(&asJSON, "json", false, "with --once: print the snapshot as JSON")
+	f.BoolVar(&leases, "leases", true, "follow the leases computing now: every record write of the cluster reaches top (docs/scaling.md 5); --leases=false for a large cluster")
 	f.DurationVar(&wait, "wait", 5*time.Second, "with --once: listen this long first (two summary intervals give every process's rates)")
 	return cmd
 }

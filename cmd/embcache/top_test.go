@@ -74,6 +74,7 @@ func TestTopInTmux(t *testing.T) {
 	start := time.Now()
 	c := startLiveCluster(t)
 	key, release := c.holdLease(t)
+	cost := summaryCost(t, c.url)
 	load := c.loadgen(t, 3000, 300)
 	s := &tmuxSession{t: t, tmux: tmux, socket: fmt.Sprintf("embcache-top-test-%d", os.Getpid()),
 		exit: filepath.Join(t.TempDir(), "exit")}
@@ -99,6 +100,7 @@ func TestTopInTmux(t *testing.T) {
 	if err := <-load; err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("summary cost during the load: %s", cost())
 	requests, forwards, saved := c.processTotals(t)
 	screen = s.waitScreen(fmt.Sprintf("the processes' totals (requests %d, forwards %d, saved %d)", requests, forwards, saved),
 		4*liveInterval+2*topRefresh, func(screen string) bool {
