@@ -29,7 +29,7 @@ func TestDemoPointsAtTheLiveView(t *testing.T) {
 		<-exited
 	}()
 	page := waitOutput(t, out, "embcache demo: watch it live at ", " or with")
-	natsURL := waitOutput(t, out, "or with: embcache top --nats ", "")
+	natsURL := waitOutput(t, out, " top --nats ", "")
 	waitOutput(t, out, "embcache demo: holding the cluster", "")
 	resp, err := scraper.Get(page)
 	if err != nil {

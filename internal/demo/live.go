@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/embcache/embcache/internal/liveui"
@@ -41,7 +42,8 @@ func serveLive(c Config, rec *node.Node, natsURL string, progress io.Writer) (fu
 	liveui.Register(mux, agg)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
-	fmt.Fprintf(progress, "embcache demo: watch it live at http://%s/ or with: embcache top --nats %s\n", l.Addr(), natsURL)
+	// The command as it was run (bin/embcache from make demo): one to paste.
+	fmt.Fprintf(progress, "embcache demo: watch it live at http://%s/ or with: %s top --nats %s\n", l.Addr(), os.Args[0], natsURL)
 	return func() {
 		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 		srv.Shutdown(sctx)
