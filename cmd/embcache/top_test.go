@@ -96,6 +96,24 @@ func TestTopInTmux(t *testing.T) {
 			strings.Count(screen, " worker ") == 3 && strings.Contains(screen, " serve ")
 	})
 	t.Logf("during the load:\n%s", screen)
+	// Within one interval: what the processes counted at a moment is on
+	// the screen one summary interval and one refresh later (a second of
+	// slack for a loaded machine), and the screen never shows more than
+	// they have counted.
+	asked := time.Now()
+	before, _, _ := c.processTotals(t)
+	screen = s.waitScreen(fmt.Sprintf("at least the %d requests the processes had counted", before), 20*time.Second, func(screen string) bool {
+		r, _, _, ok := figures(screen)
+		return ok && r >= before
+	})
+	lag := time.Since(asked)
+	shown, _, _, _ := figures(screen)
+	after, _, _ := c.processTotals(t)
+	if shown > after || lag > liveInterval+topRefresh+time.Second {
+		t.Errorf("the screen showed %d requests %v after the processes had counted %d (and %d after): want within one interval and a refresh",
+			shown, lag.Round(time.Millisecond), before, after)
+	}
+	t.Logf("under load: the processes counted %d, then %d; the screen showed %d, %v after", before, after, shown, lag.Round(time.Millisecond))
 	release()
 	if err := <-load; err != nil {
 		t.Fatal(err)

@@ -94,7 +94,15 @@ func TestPageInChromium(t *testing.T) {
 	if dir := os.Getenv("EMBCACHE_UI_SCREENSHOT_DIR"); dir != "" {
 		os.WriteFile(filepath.Join(dir, "live.png"), png, 0o644)
 	}
+	// The page never shows more than the processes have counted, and
+	// shows at least what they had counted before it was loaded (loading
+	// takes longer than a summary interval).
+	before, _, _ := c.processTotals(t)
 	second, _ := ch.figures()
+	after, _, _ := c.processTotals(t)
+	if got := uint64(second["total-requests"]); got < before || got > after {
+		t.Errorf("the page showed %d requests; the processes had counted %d before it loaded, %d after", got, before, after)
+	}
 	if second["total-requests"] <= first["total-requests"] {
 		select {
 		case err := <-load:
