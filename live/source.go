@@ -26,3 +26,18 @@ func ReconcilerOf(st reconciler.Stats) *ReconcilerFigures {
 	return &ReconcilerFigures{Active: st.Active, Elected: st.Elected,
 		Actions: st.Touches + st.Expired + st.Invalidated + st.PayloadDeletes}
 }
+
+// AddClientComputes adds to s the requests a process's clients computed
+// themselves and committed through it (the agent's: a lookup answered
+// with a reservation, then a commit). Its Cache counts their forwards
+// (its compute function waits for the commit), not these requests, which
+// were answered before the compute.
+func AddClientComputes(s *Summary, commits uint64) {
+	if commits == 0 {
+		return
+	}
+	if s.Requests == nil {
+		s.Requests = map[string]uint64{}
+	}
+	s.Requests["computed"] += commits
+}

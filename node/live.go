@@ -27,7 +27,7 @@ func (n *Node) startSummaries() error {
 	if o.Version != "" {
 		opts = append(opts, live.WithVersion(o.Version))
 	}
-	cache, rec := n.cache, n.rec
+	cache, rec, add := n.cache, n.rec, o.SummaryAdd
 	pub, err := live.NewPublisher(n.nc, o.Name, func() live.Summary {
 		var s live.Summary
 		if cache != nil {
@@ -35,6 +35,9 @@ func (n *Node) startSummaries() error {
 		}
 		if rec != nil {
 			s.Reconciler = live.ReconcilerOf(rec.Stats())
+		}
+		if add != nil {
+			add(&s)
 		}
 		return s
 	}, opts...)

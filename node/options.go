@@ -10,6 +10,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/localdir"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -123,6 +124,11 @@ type Options struct {
 	SummaryInterval time.Duration
 	SummaryTenant   string
 	Version         string
+	// SummaryAdd, if set, adds the process's own figures to each summary
+	// after the Cache's and the reconciler's (the agent's: its clients'
+	// computed requests). It is called on the publisher's goroutine: keep
+	// it to reading counters.
+	SummaryAdd func(*live.Summary)
 
 	Logger         *slog.Logger         // default slog.Default()
 	MeterProvider  metric.MeterProvider // default: the global provider
