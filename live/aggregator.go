@@ -134,7 +134,7 @@ func NewAggregator(nc *nats.Conn, opts ...AggregatorOption) (*Aggregator, error)
 
 // Run subscribes and, until ctx ends, samples the history once a second
 // (and asks for the reconciler's lag). It returns ctx's error, or the
-// subscription's.
+// subscription's (a closed connection, a bad subject).
 func (a *Aggregator) Run(ctx context.Context) error {
 	sub, err := a.nc.Subscribe(TenantSubjects(a.tenant), func(m *nats.Msg) { a.Receive(m.Subject, m.Data) })
 	if err != nil {
@@ -159,14 +159,12 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			defer es.Unsubscribe()
 		}
 	}
-	// The subscriptions are in place once the server has them: a summary
-	// sent after Run has flushed is heard.
+	// The subscriptions are in place once the server has them. A
+	// connection that is down now sends them when it is back: not an
+	// error, the view is empty meanwhile.
 	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err = a.nc.FlushWithContext(fctx)
+	a.nc.FlushWithContext(fctx)
 	cancel()
-	if err != nil && ctx.Err() == nil {
-		return err
-	}
 	t := time.NewTicker(a.sample)
 	defer t.Stop()
 	for {
