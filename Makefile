@@ -10,7 +10,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 DEMO_FLAGS ?=
 
-.PHONY: mooncake build-mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
+.PHONY: demo-live mooncake build-mooncake build-bench check-tracked bench-go debs test-debs test-python bench-vllm bench-agent-hit bench-agent-key test-faults all build tools test vet test-go test-mooncake bench lint fuzz demo clean image compose-up compose-down compose-test
 
 all: build
 
@@ -126,6 +126,12 @@ debs:
 # bench smoke test and the numpy tests skip, and say so.
 test-debs:
 	-scripts/install-debs.sh $(DEBS)
+	-scripts/install-debs.sh $(UI_DEBS)
+
+# The live view's tests run embcache top in a real terminal (tmux) and
+# serve's page in headless Chromium; without them they skip, and say so
+# (EMBCACHE_REQUIRE_UI=1, which .ci/run sets, makes that a failure).
+UI_DEBS := tmux chromium
 
 # Debian's python3 sees Debian's python3-numpy; a python3 earlier on PATH
 # (pyenv, a venv) may not.
@@ -164,6 +170,10 @@ fuzz:
 ## demo: the main job, on an embedded NATS server (DEMO_FLAGS="--json" etc.).
 demo: build
 	$(BIN)/embcache demo $(DEMO_FLAGS)
+
+## demo-live: the demo, kept up with its workload going until Ctrl-C: watch it at the page it prints, or with bin/embcache top.
+demo-live: build
+	$(BIN)/embcache demo --hold $(DEMO_FLAGS)
 
 ## image: the FROM-scratch image of the static binary (no image is pulled).
 image: build

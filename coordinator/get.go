@@ -33,6 +33,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 		return nil, 0, err
 	}
 	if ok {
+		c.stats.request(PathLocalHit)
 		return v, PathLocalHit, nil
 	}
 	ctx, cancel := c.bind(ctx)
@@ -41,6 +42,7 @@ func (c *Cache) Get(ctx context.Context, req string, ref Ref) (*payload.Value, P
 	if err != nil {
 		return nil, 0, closedErr(ctx, err)
 	}
+	c.stats.request(PathRemoteHit)
 	return v, PathRemoteHit, nil
 }
 

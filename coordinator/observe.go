@@ -92,6 +92,7 @@ func (o observations) lateWrite() { o.c.stats.lateWrites.Add(1) }
 // its local copy lives as long.
 func (o observations) published(ref Ref, v *payload.Value, loc payload.Location, expires time.Time) {
 	o.c.expiries.Store(ref.local(), copyExpiry{v, expires})
+	o.c.stats.written[transportIndex(loc.Transport)].Add(uint64(loc.Size))
 	if l := o.c.eventLink(); l != nil {
 		l.published(ref, v, loc, expires)
 	}
@@ -124,6 +125,7 @@ func (o observations) fetched(ref Ref, v *payload.Value, loc payload.Location, e
 func (o observations) pulled(ctx context.Context, ref Ref, v *payload.Value, loc payload.Location, expires time.Time, took time.Duration) {
 	o.c.expiries.Store(ref.local(), copyExpiry{v, expires})
 	o.c.stats.remoteHits.Add(1)
+	o.c.stats.pulled[transportIndex(loc.Transport)].Add(uint64(loc.Size))
 	o.c.tel.pullBytes.Add(ctx, loc.Size)
 	o.c.tel.pullTime.Record(ctx, took.Seconds())
 	if l := o.c.eventLink(); l != nil {

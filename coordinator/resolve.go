@@ -46,6 +46,7 @@ func (c *Cache) GetOrComputePath(ctx context.Context, req string, ref Ref, fn Co
 		attribute.String("embcache.tenant", ref.Tenant), attribute.String("embcache.key", ref.Key.String())))
 	v, path, err := c.getOrCompute(ctx, req, ref, fn)
 	c.tel.request(ctx, span, path, start, err)
+	c.stats.request(path)
 	return v, path, err
 }
 

@@ -16,6 +16,7 @@ type counters struct {
 	badRecordsWatched, eventsDecoded, eventsBad, invalidatedRecords  atomic.Uint64
 	payloadsSwept, labelConflicts                                    atomic.Uint64
 	uncommittedDeleted, uncommittedLeft                              atomic.Uint64
+	traffic
 }
 
 // Stats counts what a Cache did.
@@ -73,6 +74,16 @@ type Stats struct {
 	// (a partition) shows here only once the client's pings fail, minutes
 	// later; Ping asks the server.
 	StoreReachable bool
+	// Requests counts the requests answered, by the path that answered
+	// them (Path.String(); paths with none left out): GetOrCompute's,
+	// as embcache_requests_total counts them, and Get's hits. A request
+	// that failed, or a Get that found nothing, is not counted.
+	Requests map[string]uint64
+	// PulledBytes counts the payload bytes of the values this process
+	// pulled (remote hits, waits), and WrittenBytes those of the values
+	// it committed, by the transport of their location ("shm", "http",
+	// "mooncake", "memory"; a transport with none left out).
+	PulledBytes, WrittenBytes map[string]uint64
 	// Events is true while the event stream is in use (WithEvents, and
 	// the stream reachable); Publisher has its publisher's counters.
 	Events    bool
@@ -98,6 +109,7 @@ func (c *Cache) Stats() Stats {
 		StoreReachable: c.storeReachable(),
 		Local:          c.local.Stats(),
 	}
+	c.stats.traffic.snapshot(&s)
 	if l := c.eventLink(); l != nil {
 		s.Events, s.Publisher = true, l.pub.Stats()
 	}

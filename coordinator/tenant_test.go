@@ -33,6 +33,7 @@ func TenantPermissions(tenant string) *server.Permissions {
 		Publish: &server.SubjectPermission{Allow: []string{
 			kv,
 			"embcache.ev." + tenant + ".>",
+			"embcache.sum." + tenant + ".>", // its live summaries (docs/protocol.md 5.3)
 			"$JS.API.DIRECT.GET.KV_" + lease.DefaultBucket + "." + kv,
 			"$JS.API.CONSUMER.CREATE." + events.StreamName + ".*.embcache.ev." + tenant + ".>",
 			// Pulls from its (ordered) consumers, whose names are random

@@ -12,6 +12,7 @@ import (
 
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -49,8 +50,13 @@ type Node struct {
 	// node runs its own pull server, or writes no HTTP values).
 	stopCheck context.CancelFunc
 	checkDone chan struct{}
-	started   bool
-	closed    bool
+	// summaries publishes the live summary until stopSummaries, which
+	// closes summariesDone (nil with a negative SummaryInterval).
+	summaries     *live.Publisher
+	stopSummaries context.CancelFunc
+	summariesDone chan struct{}
+	started       bool
+	closed        bool
 }
 
 // New validates opts and returns a node that is not started yet. The
@@ -116,9 +122,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		}
 	}
 	if o.Reconciler {
-		return n.startReconciler(ctx)
+		if err := n.startReconciler(ctx); err != nil {
+			return err
+		}
 	}
-	return nil
+	return n.startSummaries()
 }
 
 // startReconciler runs a reconciler until Close. It deletes the payloads
@@ -322,6 +330,10 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closed = true
+	if n.stopSummaries != nil { // first: its last summary has the final counts
+		n.stopSummaries()
+		<-n.summariesDone
+	}
 	if n.stopCheck != nil {
 		n.stopCheck()
 		<-n.checkDone

@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/events"
 	"github.com/embcache/embcache/internal/localdir"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -112,6 +114,22 @@ type Options struct {
 	// the event stream if it is missing (unless NoEvents).
 	NoCache bool
 
+	// Role names this process in its live summary (package live:
+	// live.RoleServe, RoleWorker, RoleAgent; default live.RoleCache),
+	// published every SummaryInterval (0: live.DefaultInterval; < 0:
+	// none) on the subjects of SummaryTenant (the one tenant a process
+	// of the single-account layout may publish for; "" for every tenant of
+	// its account). Version is the binary's, in the summary.
+	Role            string
+	SummaryInterval time.Duration
+	SummaryTenant   string
+	Version         string
+	// SummaryAdd, if set, adds the process's own figures to each summary
+	// after the Cache's and the reconciler's (the agent's: its clients'
+	// computed requests). It is called on the publisher's goroutine: keep
+	// it to reading counters.
+	SummaryAdd func(*live.Summary)
+
 	Logger         *slog.Logger         // default slog.Default()
 	MeterProvider  metric.MeterProvider // default: the global provider
 	TracerProvider trace.TracerProvider // default: the global provider
@@ -191,6 +209,14 @@ func (o *Options) Validate() error {
 	}
 	if err := (events.StreamConfig{MaxBytes: o.EventsMaxBytes}).Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	if o.SummaryInterval > 0 && o.SummaryInterval < 100*time.Millisecond {
+		return fmt.Errorf("%w: summary interval %v (at least 100ms; < 0 for none)", ErrInvalidOption, o.SummaryInterval)
+	}
+	if o.SummaryTenant != "" {
+		if err := cachekey.ValidateTenant(o.SummaryTenant); err != nil {
+			return fmt.Errorf("%w: summary tenant: %w", ErrInvalidOption, err)
+		}
 	}
 	if o.Reconciler && o.NoEvents {
 		return fmt.Errorf("%w: a reconciler needs the event stream (NoEvents)", ErrInvalidOption)

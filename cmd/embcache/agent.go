@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/localcache"
 	"github.com/embcache/embcache/node"
 	"github.com/spf13/cobra"
@@ -67,7 +69,16 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	defer stopTelemetry(tel)
 	// Pulled values land in the store the agent answers files of:
 	// received there in one pass, not pulled into memory and copied.
-	c.nf.o.PullToShm = true
+	c.nf.o.PullToShm, c.nf.o.Role = true, live.RoleAgent
+	// A lookup that hands the compute to its client has answered by then:
+	// its Cache counts the forward, not the request. The agent counts
+	// those requests (its clients' commits; set once serving).
+	var served atomic.Pointer[agent.Server]
+	c.nf.o.SummaryAdd = func(s *live.Summary) {
+		if srv := served.Load(); srv != nil {
+			live.AddClientComputes(s, srv.Stats().Agent.Commits)
+		}
+	}
 	opts := []coordinator.Option{coordinator.WithComputeTimeout(c.computeTimeout)}
 	if c.localMaxBytes > 0 {
 		opts = append(opts, coordinator.WithLocalCache(localcache.Budget{MaxBytes: c.localMaxBytes}))
@@ -94,6 +105,7 @@ func (c *agentConfig) run(ctx context.Context, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	served.Store(srv)
 	l, err := agent.ListenUnix(c.socket, agent.WithSocketGroup(c.nf.o.ShmGroup))
 	if err != nil {
 		return err

@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"os/signal"
 	"slices"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/embcache/embcache/internal/demo"
@@ -38,14 +41,28 @@ func newDemo() *cobra.Command {
 			case c.EncodeMS < 0:
 				return usagef("--encode-ms must be >= 0, got %d", c.EncodeMS)
 			}
-			report, err := demo.Run(cmd.Context(), c, cmd.ErrOrStderr())
+			show := func(r *demo.Report) error {
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), r)
+				}
+				printReport(cmd.OutOrStdout(), r)
+				return nil
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			var showErr error
+			c.Show = func(r *demo.Report) { showErr = show(r) }
+			report, err := demo.Run(ctx, c, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), report)
+			if c.Hold {
+				return showErr // shown before the hold
 			}
-			printReport(cmd.OutOrStdout(), report)
+			if err := show(report); err != nil || asJSON {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "\nto watch the cluster work live, in a browser or with embcache top: make demo-live (demo --hold)")
 			return nil
 		},
 	}
@@ -60,6 +77,8 @@ func newDemo() *cobra.Command {
 	f.Uint64Var(&c.Seed, "seed", 1, "workload seed")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	f.BoolVarP(&c.Verbose, "verbose", "v", false, "show the workers' logs")
+	f.BoolVar(&c.Hold, "hold", false, "after the report, keep the cluster up and the workload going (new inputs each round) until Ctrl-C: watch it at the page or with embcache top, as printed")
+	f.StringVar(&c.LiveListen, "live-listen", "127.0.0.1:0", "where the live view's page is served while the demo runs")
 	return cmd
 }
 

@@ -38,7 +38,7 @@ func newRoot() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemo(), newWorker(), newServe(), newKey(), newLeases(), newEvents(), newStats(),
-		newInvalidate(), newLoadgen(), newHealth(), newAgent(), newVersion())
+		newInvalidate(), newLoadgen(), newHealth(), newAgent(), newTop(), newVersion())
 	for _, c := range root.Commands() {
 		argsAreUsage(c)
 	}

@@ -36,6 +36,7 @@ func (f *nodeFlags) register(fs *pflag.FlagSet) {
 			"(default: with a token, its own --advertise only; without one, any server) ($EMBCACHE_PAYLOAD_PEERS)")
 	fs.DurationVar(&o.PayloadSweep, "payload-sweep", 0, "how often to remove shm files no committed record names (0: half the store TTL, 30s-10m; <0: never)")
 	fs.BoolVar(&o.Strict, "strict", false, "fail instead of computing locally when NATS is unreachable")
+	fs.StringVar(&o.SummaryTenant, "summary-tenant", "", "publish the live summary on this tenant's subjects (embcache.sum.<tenant>.>: a NATS user of the single-account layout may publish only its tenant's); default: every tenant of the account's")
 }
 
 // registerServing adds the flags a node without a Cache (serve) takes too:
@@ -55,6 +56,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
 	fs.DurationVar(&o.ClockAllowance, "clock-allowance", 0, "how far the NATS servers' and processes' clocks may disagree (default: a fifth of --lease-ttl, at most 1s)")
 	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL (1s to 24h)")
+	fs.DurationVar(&o.SummaryInterval, "summary-interval", 0, "how often this process announces its live summary to embcache top and serve's page (0: 2s; <0: never)")
 	fs.Int64Var(&o.EventsMaxBytes, "events-max-bytes", 0, "the event stream's size limit in bytes, at least 1 MiB (0: 1 GiB for a stream this process creates, an existing one's own); serve's reconciler also sets it on an existing stream (docs/scaling.md says how to size it)")
 	m := &o.Mooncake
 	fs.StringVar(&m.MasterServerAddr, "mooncake-master", "", "--payload mooncake: the master server's address (host:port)")
@@ -86,7 +88,7 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 		return nil, err
 	}
 	o.NATSURL, o.NATSOptions = f.conn.url, append(append([]nats.Option(nil), f.nats...), conn...)
-	o.Logger, o.Cache = logger, extra
+	o.Logger, o.Cache, o.Version = logger, extra, version
 	if tel != nil {
 		o.MeterProvider = tel.Meters
 		if tel.Traces != nil {

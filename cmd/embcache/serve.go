@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/node"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -71,7 +72,7 @@ func newServe() *cobra.Command {
 func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 	out := cmd.OutOrStdout()
 	var srv *embedded.Server // the embedded NATS server, if this serve runs one
-	c.nf.o.NoCache, c.nf.o.Reconciler = true, !c.noReconciler
+	c.nf.o.NoCache, c.nf.o.Reconciler, c.nf.o.Role = true, !c.noReconciler, live.RoleServe
 	if _, err := c.nf.conn.options(); err != nil {
 		return err // before a server starts
 	}
@@ -109,12 +110,16 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		return err
 	}
 	printPayloadAddr(out, "serve", n)
+	ui := serveLiveView(tel, n.Conn(), out)
 	if !c.noReconciler {
 		fmt.Fprintln(out, "embcache serve: reconciler campaigning")
 	}
 	if waitJetStream(ctx, n, out) {
 		fmt.Fprintln(out, "embcache serve: ready (Ctrl-C to stop)")
 		<-ctx.Done()
+	}
+	if ui != nil {
+		ui.Close() // before its connection
 	}
 	err = n.Close()
 	if srv != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/live"
 	"github.com/spf13/cobra"
 )
 
@@ -41,6 +42,7 @@ func newWorker() *cobra.Command {
 				return err
 			}
 			defer stopTelemetry(tel)
+			nf.o.Role = live.RoleWorker
 			n, err := nf.start(ctx, newLogger(cmd.ErrOrStderr(), verbose), tel)
 			if err != nil {
 				return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/workload"
+	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/node"
 )
 
@@ -30,6 +31,16 @@ type Config struct {
 	EncodeMS    int    // milliseconds a forward waits, standing for GPU time
 	Seed        uint64 // of the workload
 	Verbose     bool   // the workers' logs go to progress
+	// LiveListen is where the live view's page is served during the run
+	// (default 127.0.0.1:0); the demo prints its URL and the embcache top
+	// command that shows the same.
+	LiveListen string
+	// Hold keeps the cluster up after the measured runs, sending the
+	// workload again (new inputs each round) until ctx ends, so that the
+	// page and embcache top can be watched; Show is called with the
+	// report first.
+	Hold bool
+	Show func(*Report)
 }
 
 // PathStats summarises the requests one path answered.
@@ -88,7 +99,7 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	}
 	defer srv.Shutdown()
 	rec, err := node.New(node.Options{NATSURL: srv.ClientURL(), Name: "demo", ShmDir: shmDir, NoCache: true, Reconciler: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Role: live.RoleServe, SummaryInterval: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +107,11 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 		return nil, err
 	}
 	defer rec.Close()
+	stopLive, err := serveLive(c, rec, srv.ClientURL(), progress)
+	if err != nil {
+		return nil, err
+	}
+	defer stopLive()
 	procs, err := startWorkers(c, srv.ClientURL(), shmDir, progress)
 	defer func() {
 		for _, p := range procs {
@@ -105,7 +121,14 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	return measure(c, procs, progress)
+	r, err := measure(c, procs, progress)
+	if err != nil || !c.Hold {
+		return r, err
+	}
+	if c.Show != nil {
+		c.Show(r)
+	}
+	return r, hold(ctx, c, procs, progress)
 }
 
 // startWorkers starts the encoder (first) and the prefill workers; on
@@ -115,7 +138,7 @@ func startWorkers(c Config, url, shmDir string, progress io.Writer) ([]*proc, er
 	if c.Verbose {
 		logs = progress
 	}
-	common := []string{"worker", "--nats", url, "--shm-dir", shmDir, "--node", "demo",
+	common := []string{"worker", "--nats", url, "--shm-dir", shmDir, "--node", "demo", "--summary-interval", "1s",
 		"--embed-mb", strconv.FormatFloat(c.EmbedMB, 'f', -1, 64), "--encode-ms", strconv.Itoa(c.EncodeMS)}
 	var procs []*proc
 	for i := 0; i <= c.Replicas; i++ {

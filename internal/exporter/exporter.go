@@ -30,7 +30,12 @@ type Exporter struct {
 	Addr   string                   // where /metrics is served, or ""
 
 	server *http.Server
+	mux    *http.ServeMux
 }
+
+// Mux is the mux /metrics is served from (nil without a listener): a
+// process adds its own pages to it (serve's live view).
+func (e *Exporter) Mux() *http.ServeMux { return e.mux }
 
 // Start makes the providers of service, and serves /metrics on listen
 // unless it is "" (":0" picks a port: see Addr).
@@ -56,7 +61,7 @@ func Start(ctx context.Context, service, listen string) (*Exporter, error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		e.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		e.server, e.mux = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, mux
 		e.Addr = l.Addr().String()
 		go e.server.Serve(l)
 	}
