@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/spf13/cobra"
 )
 

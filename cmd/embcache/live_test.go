@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/coordinator"
-	"github.com/embcache/embcache/internal/demo"
 	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"

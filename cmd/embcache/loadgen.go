@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/spf13/cobra"
 )
 

@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
-	"github.com/embcache/embcache/internal/demo"
 	"github.com/embcache/embcache/internal/localdir/localdirtest"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"

@@ -17,8 +17,8 @@ import (
 
 	"github.com/embcache/embcache/agent"
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/events"
-	"github.com/embcache/embcache/internal/demo"
 	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/embcache/embcache/cmd/embcache/internal/exporter"
 	"github.com/embcache/embcache/coordinator"
-	"github.com/embcache/embcache/internal/exporter"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload/httppull"

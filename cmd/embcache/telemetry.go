@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/embcache/embcache/internal/exporter"
+	"github.com/embcache/embcache/cmd/embcache/internal/exporter"
 )
 
 // startTelemetry starts the exporters of command ("serve": service

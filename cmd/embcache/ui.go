@@ -5,8 +5,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/embcache/embcache/internal/exporter"
-	"github.com/embcache/embcache/internal/liveui"
+	"github.com/embcache/embcache/cmd/embcache/internal/exporter"
+	"github.com/embcache/embcache/cmd/embcache/internal/liveui"
 	"github.com/embcache/embcache/live"
 	"github.com/nats-io/nats.go"
 )

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/embcache/embcache/internal/demo"
+	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/live"
 	"github.com/spf13/cobra"
 )

@@ -10,7 +10,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/embcache/embcache/internal/liveui"
+	"github.com/embcache/embcache/cmd/embcache/internal/liveui"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/node"
