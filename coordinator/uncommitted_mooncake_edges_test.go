@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/internal/fakeclock"
-	"github.com/embcache/embcache/internal/mooncaketest"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/mooncake"
 )
@@ -49,14 +48,7 @@ func (g gatedMooncake) Generation(ctx context.Context, loc payload.Location) (pa
 // its own check for 2 minutes) would remove B's live Y. It settles
 // without one.
 func TestMooncakeRemovalLeavesAnotherCommitsOtherBytes(t *testing.T) {
-	dir := mooncaketest.Dir(t)
-	master := mooncaketest.StartMaster(t, dir, "--default_kv_lease_ttl=1000")
-	store, err := mooncake.Open(mooncake.Config{Library: mooncaketest.Library(dir), Node: "test-node",
-		LocalHostname: "127.0.0.1", MetadataServer: master.Metadata, Protocol: "tcp", MasterServerAddr: master.Addr,
-		GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := openRealMooncake(t)
 	srv := startServer(t)
 	clock := fakeclock.New(time.Now())
 	slow := &atomic.Bool{}
@@ -79,7 +71,6 @@ func TestMooncakeRemovalLeavesAnotherCommitsOtherBytes(t *testing.T) {
 		}
 		a.Close()
 		b.Close()
-		store.Close()
 	})
 	ctx := context.Background()
 	resA, err := a.Reserve(ctx, ref(7))

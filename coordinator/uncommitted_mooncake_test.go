@@ -29,11 +29,11 @@ func (s slowMooncakePut) Put(ctx context.Context, obj payload.ObjectID, v *paylo
 	return loc, err
 }
 
-// A refused commit's object is removed from a real Mooncake Store, which
-// lists nothing and keeps an object until it is removed or evicted. The
-// removal's own check of the bytes leases the object (1 s here,
-// --default_kv_lease_ttl): it is removed by a later try, unforced.
-func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
+// openRealMooncake starts a real Mooncake master whose read leases last
+// 1 s (--default_kv_lease_ttl) and opens a store on it that holds its own
+// 64 MiB segment, closed at the test's end.
+func openRealMooncake(t *testing.T) *mooncake.Store {
+	t.Helper()
 	dir := mooncaketest.Dir(t)
 	master := mooncaketest.StartMaster(t, dir, "--default_kv_lease_ttl=1000")
 	store, err := mooncake.Open(mooncake.Config{Library: mooncaketest.Library(dir), Node: "test-node",
@@ -42,6 +42,16 @@ func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { store.Close() })
+	return store
+}
+
+// A refused commit's object is removed from a real Mooncake Store, which
+// lists nothing and keeps an object until it is removed or evicted. The
+// removal's own check of the bytes leases the object (1 s here,
+// --default_kv_lease_ttl): it is removed by a later try, unforced.
+func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
+	store := openRealMooncake(t)
 	srv := startServer(t)
 	clock := fakeclock.New(time.Now())
 	var put payload.Location
@@ -51,7 +61,7 @@ func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close(); store.Close() })
+	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()
 	res, err := c.Reserve(ctx, ref(1))
 	if err != nil {

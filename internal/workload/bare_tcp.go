@@ -1,6 +1,11 @@
 package workload
 
-import "time"
+import (
+	"time"
+
+	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/payload"
+)
 
 // AgainstBareTCP is the one way the payload benchmarks time a
 // cross-process get (payload/shm, payload/httppull, payload/mooncake)
@@ -52,4 +57,14 @@ func ReportAgainstBareTCP(r MetricReporter, what string, size, rounds int, tGet,
 		unit += "-" + what
 	}
 	r.ReportMetric(float64(tGet)/float64(tTCP), unit)
+}
+
+// PatternValue is size bytes of a fixed pattern, as a tensor: what a
+// cross-process benchmark's writer puts and its reader checks.
+func PatternValue(size int) *payload.Value {
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i*13 + 1)
+	}
+	return payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, data)
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
@@ -27,18 +26,8 @@ import (
 // BenchmarkCrossProcessGet and payload/mooncake's BenchmarkRealMooncakeGet,
 // each at 1, 8 and 100 MiB.
 
-// crossValue is the value the server process puts: size bytes of a
-// pattern the reader checks.
-func crossValue(size int) *payload.Value {
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i*13 + 1)
-	}
-	return payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, data)
-}
-
 // serveFromAnotherProcess runs this test binary again as a node's process
-// (TestCrossProcessServer) that puts crossValue(size) into its shm store
+// (TestCrossProcessServer) that puts workload.PatternValue(size) into its shm store
 // and serves it on a loopback pull server, as a node that writes http
 // values does, until the test ends; it returns the value's Location.
 func serveFromAnotherProcess(tb testing.TB, size int) payload.Location {
@@ -118,7 +107,7 @@ func TestCrossProcessServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loc, err := tr.Put(context.Background(), testObj, crossValue(size))
+	loc, err := tr.Put(context.Background(), testObj, workload.PatternValue(size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +146,7 @@ func crossProcessGets(tb testing.TB, size int, more func() bool) (loc payload.Lo
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return loc, tGet, tTCP, rounds, bytes.Equal(last, crossValue(size).Tensor.Data)
+	return loc, tGet, tTCP, rounds, bytes.Equal(last, workload.PatternValue(size).Tensor.Data)
 }
 
 // BenchmarkCrossProcessGet: a value another process serves, pulled over

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/payload"
 )
@@ -23,18 +22,8 @@ import (
 // BenchmarkCrossProcessGet and payload/mooncake's BenchmarkRealMooncakeGet,
 // each at 1, 8 and 100 MiB.
 
-// crossValue is the value the writer puts: size bytes of a pattern the
-// reader checks.
-func crossValue(size int) *payload.Value {
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i*13 + 1)
-	}
-	return payload.NewTensor(cachekey.Uint8, []int64{int64(size)}, data)
-}
-
 // putInAnotherProcess runs this test binary again as a writer
-// (TestCrossProcessWriter), which puts crossValue(size) into the store in
+// (TestCrossProcessWriter), which puts workload.PatternValue(size) into the store in
 // dir, as a process of the node does, and exits; it returns the Location.
 func putInAnotherProcess(tb testing.TB, dir string, size int) payload.Location {
 	tb.Helper()
@@ -73,7 +62,7 @@ func TestCrossProcessWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loc, err := s.Put(context.Background(), obj(9), crossValue(size))
+	loc, err := s.Put(context.Background(), obj(9), workload.PatternValue(size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +122,7 @@ func crossProcessGets(tb testing.TB, size int, more func() bool) crossTimes {
 		tb.Fatal(err)
 	}
 	defer v.Close()
-	c.bytesAsWritten = bytes.Equal(v.Tensor.Data, crossValue(size).Tensor.Data) && bytes.Equal(dst, v.Tensor.Data)
+	c.bytesAsWritten = bytes.Equal(v.Tensor.Data, workload.PatternValue(size).Tensor.Data) && bytes.Equal(dst, v.Tensor.Data)
 	return c
 }
 
