@@ -25,6 +25,13 @@ import (
 // refuses an unforced remove for about 10 s after the delete's own check.
 const uncommittedPatience = 5 * time.Minute
 
+// uncommittedDirectWait is how long a payload waits before its first try
+// when the bucket's reads are direct gets (tenant mode): a follower cut
+// off from the others answers them with what it last had for about 5 s
+// (docs/jetstream-notes.md (d)), and could show no record where the
+// leader holds one that names the payload.
+const uncommittedDirectWait = 10 * time.Second
+
 // maxUncommitted bounds the payloads waiting: past it a payload is left
 // at once, counted.
 const maxUncommitted = 4096
@@ -33,7 +40,6 @@ const maxUncommitted = 4096
 type uncommitted struct {
 	ref   Ref
 	loc   payload.Location
-	rev   uint64    // the reservation's last revision: its own computing record
 	since time.Time // when the commit failed
 }
 
@@ -108,7 +114,7 @@ func (s *uncommittedSet) len() int {
 // putUncommitted queues the payload r put at loc, whose commit did not
 // land, for removal.
 func (r *Reservation) putUncommitted(loc payload.Location) {
-	u := uncommitted{ref: r.ref, loc: loc, rev: r.l.Revision(), since: time.Now()}
+	u := uncommitted{ref: r.ref, loc: loc, since: time.Now()}
 	if !r.c.uncommitted.add(u) {
 		r.c.obs.uncommittedLeft(u, "too many waiting")
 	}
@@ -158,7 +164,7 @@ func (c *Cache) leaveUncommitted() {
 // after the read makes a generation the delete leaves.
 func (c *Cache) removeUncommitted(ctx context.Context, u uncommitted) bool {
 	b := c.bucket()
-	if b == nil {
+	if b == nil || b.Direct() && time.Since(u.since) < uncommittedDirectWait {
 		return false
 	}
 	w := c.router.Writer()

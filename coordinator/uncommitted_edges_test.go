@@ -280,14 +280,36 @@ func TestAReQueuedPayloadIsNotCountedLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := uncommitted{ref: ref(5), loc: loc, rev: 1, since: time.Now().Add(-2 * uncommittedPatience)}
+	old := uncommitted{ref: ref(5), loc: loc, since: time.Now().Add(-2 * uncommittedPatience)}
 	c.uncommitted.add(old)
 	<-gg.entered
 	// The key's second commit attempt by this process, refused too.
-	c.uncommitted.add(uncommitted{ref: ref(5), loc: loc, rev: 2, since: time.Now()})
+	c.uncommitted.add(uncommitted{ref: ref(5), loc: loc, since: time.Now()})
 	close(gg.release)
 	settleUncommitted(t, c)
 	if s := c.Stats(); s.UncommittedLeft != 0 || s.UncommittedDeleted != 1 {
 		t.Fatalf("one payload, queued twice and removed: uncommitted left %d, removed %d; want 0, 1", s.UncommittedLeft, s.UncommittedDeleted)
+	}
+}
+
+// Where the bucket's reads are direct gets (tenant mode), a lagging
+// follower may show no record where the leader holds one: a payload is
+// not deleted before it has waited uncommittedDirectWait.
+func TestADirectReadersUncommittedPayloadWaits(t *testing.T) {
+	srv := startServer(t)
+	mem := payload.NewMemoryStore("test-node", 0)
+	c := newCache(t, srv.ClientURL(), mem, WithTenants(ref(6).Tenant))
+	ctx := context.Background()
+	loc, err := mem.Put(ctx, ref(6).Object(), embedding(6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := uncommitted{ref: ref(6), loc: loc, since: time.Now()}
+	if c.removeUncommitted(ctx, fresh) || mem.Bytes() == 0 {
+		t.Fatal("a payload was deleted before the direct readers' wait")
+	}
+	waited := uncommitted{ref: ref(6), loc: loc, since: time.Now().Add(-uncommittedDirectWait)}
+	if !c.removeUncommitted(ctx, waited) || mem.Bytes() != 0 {
+		t.Fatalf("a payload with no record, after the wait: %d bytes left", mem.Bytes())
 	}
 }
