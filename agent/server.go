@@ -92,7 +92,7 @@ const slotDirMode = 0o730 | unix.S_ISGID | unix.S_ISVTX
 // Another running agent's is ErrSlotDirInUse.
 func New(cache *coordinator.Cache, store *shm.Store, opts ...Option) (*Server, error) {
 	if cache == nil || store == nil {
-		return nil, errors.New("agent: a cache and an shm store are required")
+		return nil, fmt.Errorf("%w: a cache and an shm store are required", ErrInvalidOption)
 	}
 	s := &Server{cache: cache, store: store, slotDir: store.Dir() + ".slots", maxBody: 1 << 30,
 		group: store.Group(), logger: slog.Default(), reservations: map[string]*reservation{}, clients: map[string]*clientPins{},

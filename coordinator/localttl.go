@@ -11,7 +11,7 @@ import (
 
 // A local copy lives as long as its record (docs/protocol.md 4.3).
 
-// recordExpiry is the local cache's WithExpiry: a value pulled or
+// recordExpiry is the local cache's Options.Expiry: a value pulled or
 // committed expires with its record; one not shared (computed without the
 // store, or its commit refused) a lease TTL after it was computed.
 func (c *Cache) recordExpiry(k localKey, _ *payload.Value) (time.Time, bool) {

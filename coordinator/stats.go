@@ -4,7 +4,6 @@ import (
 	"sync/atomic"
 
 	"github.com/embcache/embcache/events"
-
 	"github.com/embcache/embcache/internal/decodestats"
 	"github.com/embcache/embcache/localcache"
 )

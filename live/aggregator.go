@@ -201,13 +201,15 @@ func (a *Aggregator) Receive(subject string, body []byte) {
 	}
 	p := a.procs[subject]
 	switch {
+	case p == nil && len(a.procs) >= MaxProcesses:
+		a.dropped["full"]++
+		return
 	case p == nil:
 		p = &proc{first: s.Seq}
 		a.procs[subject] = p
 		p.rates = ratesSinceStart(s)
-	case s.Start != p.last.Start || s.Seq < p.first:
-		// The same id started again (a library Cache's publisher made
-		// anew): its counters start from zero.
+	case s.Start != p.last.Start:
+		// The same id started again: its counters start from zero.
 		*p = proc{first: s.Seq, rates: ratesSinceStart(s)}
 	case s.Seq <= p.last.Seq:
 		return // late or twice: the newer one is kept
@@ -217,6 +219,11 @@ func (a *Aggregator) Receive(subject string, body []byte) {
 	p.last, p.heard = s, now
 	p.seen++
 }
+
+// MaxProcesses bounds the processes an Aggregator follows: a summary of
+// one more is dropped (View.Dropped["full"]). It is well above the
+// 8000 processes of docs/scaling.md.
+const MaxProcesses = 100_000
 
 // Sample forgets the processes and leases not heard from in time, and
 // adds a point to the history.

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"maps"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -86,7 +86,7 @@ type ReconcilerFigures struct {
 
 // Saved is the requests answered without an encoder forward of their
 // own: every request but those whose path is computed or degraded
-// (docs/protocol.md 5.2).
+// (docs/protocol.md 5.1).
 func (s *Summary) Saved() uint64 {
 	var n uint64
 	for path, c := range s.Requests {
@@ -117,6 +117,13 @@ func Encode(s *Summary) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// The intervals a summary may say it is sent at: its readers forget a
+// process silent for three, and compute rates over them.
+const (
+	MinInterval = 100 * time.Millisecond
+	MaxInterval = time.Hour
+)
+
 // Decode reads a summary received on subject. A body that is too large
 // or does not decode, lacks its node, id, role or times, or whose node or
 // tenant token is not its subject's, is ErrBadSummary; another version
@@ -126,6 +133,9 @@ func Decode(subject string, body []byte) (*Summary, error) {
 	if len(body) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes (at most %d)", ErrBadSummary, len(body), MaxSize)
 	}
+	// The probe reads the whole body: a map or array that declares more
+	// elements than the body holds fails it here, before the full decode
+	// would allocate for the declared length.
 	var probe struct {
 		V int `msgpack:"v"`
 	}
@@ -139,22 +149,14 @@ func Decode(subject string, body []byte) (*Summary, error) {
 	if err := msgpack.Unmarshal(body, s); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSummary, err)
 	}
-	if s.Node == "" || s.ID == "" || s.Role == "" || s.Start <= 0 || s.Time <= 0 || s.Every <= 0 {
-		return nil, fmt.Errorf("%w: no node, id, role, start, time or interval", ErrBadSummary)
+	if s.Node == "" || s.ID == "" || s.Role == "" || s.Start <= 0 || s.Time <= 0 {
+		return nil, fmt.Errorf("%w: no node, id, role, start or time", ErrBadSummary)
+	}
+	if s.Every < MinInterval.Milliseconds() || s.Every > MaxInterval.Milliseconds() {
+		return nil, fmt.Errorf("%w: interval %d ms, not within [%v, %v]", ErrBadSummary, s.Every, MinInterval, MaxInterval)
 	}
 	if want := Subject(s.Tenant, s.Node, s.ID); subject != want {
 		return nil, fmt.Errorf("%w: subject %s, its body says %s", ErrBadSummary, subject, want)
 	}
 	return s, nil
-}
-
-// clone returns a copy of s that shares no map with it.
-func (s *Summary) clone() *Summary {
-	c := *s
-	c.Requests, c.Pulled, c.Written = maps.Clone(s.Requests), maps.Clone(s.Pulled), maps.Clone(s.Written)
-	if s.Reconciler != nil {
-		r := *s.Reconciler
-		c.Reconciler = &r
-	}
-	return &c
 }

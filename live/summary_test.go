@@ -3,6 +3,7 @@ package live
 import (
 	"errors"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -98,5 +99,34 @@ func TestSubjectTokens(t *testing.T) {
 	}
 	if !strings.HasPrefix(Subject("", "n", "i"), TenantSubjects("")[:len(Prefix)]) || TenantSubjects("acme") != "embcache.sum.acme.>" {
 		t.Error("subjects")
+	}
+}
+
+// A body whose map declares more entries than it has bytes is a bad
+// summary, found before the decoder allocates for the declared length (a
+// full decode of these 13 bytes allocates 56 MB);
+// so is one that says it is sent more often than MinInterval or less
+// often than MaxInterval.
+func TestDecodeRefusesWhatWouldCostMemoryOrTime(t *testing.T) {
+	huge := []byte{0x82, 0xa1, 'v', 0x01, 0xa3, 'r', 'e', 'q', 0xdf, 0xff, 0xff, 0xff, 0xff}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := Decode("embcache.sum.~.n.x", huge)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrBadSummary) {
+		t.Fatalf("a map of 2^32-1 entries in 13 bytes: %v, want ErrBadSummary", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("decoding 13 bytes allocated %d bytes", n)
+	}
+	for _, every := range []int64{1, MaxInterval.Milliseconds() + 1} {
+		s := Summary{V: Version, Node: "n", ID: "x", Role: "worker", Start: 1, Time: 1, Every: every}
+		body, err := msgpack.Marshal(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Decode(Subject("", "n", "x"), body); !errors.Is(err, ErrBadSummary) {
+			t.Fatalf("every %d ms: %v, want ErrBadSummary", every, err)
+		}
 	}
 }

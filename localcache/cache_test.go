@@ -308,7 +308,7 @@ func TestOptionsValidated(t *testing.T) {
 	}
 }
 
-// An entry with its own expiry (WithExpiry) keeps it: hits do not extend
+// An entry with its own expiry (Options.Expiry) keeps it: hits do not extend
 // it, Touch does; others slide as before.
 func TestFixedExpiry(t *testing.T) {
 	var base time.Time

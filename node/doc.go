@@ -20,6 +20,6 @@
 //	v, err := n.Cache().GetOrCompute(ctx, req, ref, encode)
 //
 // New only validates; Start connects, opens and listens; Close releases in
-// the reverse order (the reconciler, the Cache, the pull server, the
-// Mooncake store, the connection).
+// the reverse order (the summary publisher, the reconciler, the Cache, the
+// pull server, the Mooncake store, the connection).
 package node

@@ -72,8 +72,9 @@ func New(opts Options) (*Node, error) {
 
 // Start connects to NATS, opens the shm store (and the Mooncake store),
 // starts the pull server, builds the Cache (unless NoCache) and starts the
-// reconciler (with Reconciler; it runs until Close, not until ctx ends).
-// It does not wait for JetStream: Ready does. A shm directory another
+// reconciler (with Reconciler; it runs until Close, not until ctx ends)
+// and the publisher of the process's live summary (package live, unless
+// SummaryInterval < 0). It does not wait for JetStream: Ready does. A shm directory another
 // local user owns, links or may write is an error matching
 // shm.ErrUnsafeDir (shm.Open).
 // In the default mode an unreachable NATS is not an error: the Cache
@@ -321,8 +322,9 @@ func (n *Node) jetStreamAnswers(ctx context.Context) error {
 	return err
 }
 
-// Close releases the node in the reverse order of Start: the reconciler
-// (waiting for its Run to return), the Cache, the pull server (waiting at
+// Close releases the node in the reverse order of Start: the summary
+// publisher (its last summary sent), the reconciler (waiting for its Run
+// to return), the Cache, the pull server (waiting at
 // most 2s for pulls in flight), the Mooncake store, the NATS connection.
 // Calls after the first do nothing; the accessors keep answering.
 func (n *Node) Close() error {
@@ -330,7 +332,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closed = true
-	if n.stopSummaries != nil { // first: its last summary has the final counts
+	if n.stopSummaries != nil { // first: its last summary has the counts of the requests done by now
 		n.stopSummaries()
 		<-n.summariesDone
 	}

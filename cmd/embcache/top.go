@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -42,7 +43,11 @@ func newTop() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			opts := []live.AggregatorOption{live.WithReconcilerLag()}
+			var opts []live.AggregatorOption
+			if tenant == "" {
+				// A tenant's user may not read the reconciler's consumer.
+				opts = append(opts, live.WithReconcilerLag())
+			}
 			if leases {
 				opts = append(opts, live.WithLeases())
 			}
@@ -57,15 +62,20 @@ func newTop() *cobra.Command {
 			defer stop()
 			ctx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
-			go func() { done <- agg.Run(ctx) }()
-			defer func() {
-				cancel()
-				<-done
+			go func() {
+				done <- agg.Run(ctx)
+				cancel() // a subscription that failed ends the view, not an empty screen
 			}()
 			if once {
-				return topOnce(ctx, agg, wait, asJSON, nc.ConnectedUrlRedacted(), cmd.OutOrStdout())
+				err = topOnce(ctx, agg, wait, asJSON, nc.ConnectedUrlRedacted(), cmd.OutOrStdout())
+			} else {
+				err = topScreen(ctx, agg, nc.ConnectedUrlRedacted())
 			}
-			return topScreen(ctx, agg, nc.ConnectedUrlRedacted())
+			cancel()
+			if rerr := <-done; rerr != nil && !errors.Is(rerr, context.Canceled) {
+				err = fmt.Errorf("top: %w", rerr) // what ended the view
+			}
+			return err
 		},
 	}
 	cf.register(cmd.Flags())
