@@ -18,7 +18,7 @@ import (
 // before the other: the Put gives the file a new generation before the
 // delete looks (which leaves it), or finds no file after it and writes
 // one. Readers take no lock.
-//
+
 // lockValue opens the value file under path and locks it, once the file
 // it locked is still the one under that name (a file removed or replaced
 // while it waited is not; the file there now is locked instead). The
