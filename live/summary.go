@@ -140,14 +140,14 @@ func Decode(subject string, body []byte) (*Summary, error) {
 		V int `msgpack:"v"`
 	}
 	if err := msgpack.Unmarshal(body, &probe); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadSummary, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadSummary, err)
 	}
 	if probe.V != Version {
 		return nil, fmt.Errorf("%w: %d (this reader knows %d)", ErrVersion, probe.V, Version)
 	}
 	s := &Summary{}
 	if err := msgpack.Unmarshal(body, s); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadSummary, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadSummary, err)
 	}
 	if s.Node == "" || s.ID == "" || s.Role == "" || s.Start <= 0 || s.Time <= 0 {
 		return nil, fmt.Errorf("%w: no node, id, role, start or time", ErrBadSummary)

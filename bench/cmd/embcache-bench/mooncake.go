@@ -63,7 +63,7 @@ func mooncakeSkip(dir string) string {
 func startMooncakeMaster(dir string) (cfg mooncakeConfig, pid int, stop func(), err error) {
 	lib := filepath.Join(dir, "lib", "libmooncake_store.so")
 	if _, err := os.Stat(lib); err != nil {
-		return cfg, 0, nil, fmt.Errorf("%w: %v", errNoMooncake, err)
+		return cfg, 0, nil, fmt.Errorf("%w: %w", errNoMooncake, err)
 	}
 	var ports [3]int
 	for i := range ports {
