@@ -65,6 +65,11 @@ func newWorker() *cobra.Command {
 		},
 	}
 	nf.register(cmd.Flags())
+	// A worker is short-lived: the objects of a segment it held would go
+	// when it exits. It contributes none unless told to.
+	seg := cmd.Flags().Lookup("mooncake-segment-bytes")
+	seg.Value.Set("0")
+	seg.DefValue = "0"
 	cmd.Flags().StringVar(&role, "role", "prefill", "encoder or prefill")
 	cmd.Flags().StringVar(&listen, "listen", "", "answer requests over HTTP on this address instead of stdin")
 	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics on this address")
