@@ -373,7 +373,7 @@ func (s *Store) Get(ctx context.Context, loc payload.Location) (*payload.Value, 
 		return nil, err
 	}
 	defer s.done()
-	buf, class, err := s.buffer(int(loc.Size))
+	buf, class, err := s.buffer(ctx, int(loc.Size))
 	if err != nil {
 		return nil, err
 	}
@@ -536,7 +536,7 @@ func (s *Store) release() {
 }
 
 // buffer returns a registered buffer of at least n bytes.
-func (s *Store) buffer(n int) (unsafe.Pointer, int, error) {
+func (s *Store) buffer(ctx context.Context, n int) (unsafe.Pointer, int, error) {
 	class := bits.Len(uint(n - 1))
 	s.mu.Lock()
 	if free := s.buffers[class]; len(free) > 0 {
@@ -553,7 +553,7 @@ func (s *Store) buffer(n int) (unsafe.Pointer, int, error) {
 	}
 	if rc := C.mc_register(s.api, s.store, p, size); rc != 0 {
 		C.free(p)
-		return nil, 0, &CodeError{Op: "register_buffer", Code: int64(rc)}
+		return nil, 0, s.masterCheck(ctx, &CodeError{Op: "register_buffer", Code: int64(rc)})
 	}
 	s.mu.Lock()
 	s.owned = append(s.owned, p)
@@ -625,6 +625,24 @@ func (s *Store) call(ctx context.Context, op string, size int64, c func() int64,
 func (s *Store) failed(op string, code int64) error {
 	err := &CodeError{Op: op, Code: code}
 	if masterDown(code) {
+		return s.trip(err)
+	}
+	return err
+}
+
+// masterCheck asks the master whether it answers, after a call failed
+// with a code that does not say (register_buffer, which a master that
+// went away fails with -600): if it does not, err becomes the outage's,
+// which names the master, and the calls after it fail at once.
+func (s *Store) masterCheck(ctx context.Context, err error) error {
+	key := C.CString(probeKey)
+	rc, cerr := s.call(ctx, "is_exist", 0, func() int64 { return int64(C.mc_is_exist(s.api, s.store, key)) },
+		func(int64) { C.free(unsafe.Pointer(key)) })
+	if cerr != nil {
+		return cerr // the outage's (refused, or the call timed out), or ctx's
+	}
+	C.free(unsafe.Pointer(key))
+	if rc < 0 && masterDown(rc) {
 		return s.trip(err)
 	}
 	return err
