@@ -1,21 +1,18 @@
 package httppull
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/testproc"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/shm"
@@ -38,47 +35,12 @@ func serveFromAnotherProcess(tb testing.TB, size int) payload.Location {
 	} else {
 		tb.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessServer$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EMBCACHE_PULL_SERVER_DIR="+dir, "EMBCACHE_PULL_SERVER_SIZE="+strconv.Itoa(size))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
+	p := testproc.Start(tb, "TestCrossProcessServer", "EMBCACHE_PULL_SERVER_DIR="+dir, "EMBCACHE_PULL_SERVER_SIZE="+strconv.Itoa(size))
+	var loc payload.Location
+	if err := json.Unmarshal([]byte(p.Line(tb, "location: ", time.Minute)), &loc); err != nil {
 		tb.Fatal(err)
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		stdin.Close() // the server process stops
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	s := bufio.NewScanner(stdout)
-	var seen []string
-	for s.Scan() {
-		if raw, ok := strings.CutPrefix(s.Text(), "location: "); ok {
-			var loc payload.Location
-			if err := json.Unmarshal([]byte(raw), &loc); err != nil {
-				tb.Fatal(err)
-			}
-			go io.Copy(io.Discard, stdout) // the rest, until it exits
-			return loc
-		}
-		seen = append(seen, s.Text())
-	}
-	tb.Fatalf("the server process printed no location:\n%s\n%s", strings.Join(seen, "\n"), stderr.String())
-	return payload.Location{}
+	return loc
 }
 
 // TestCrossProcessServer is the process serveFromAnotherProcess runs; it
@@ -113,7 +75,7 @@ func TestCrossProcessServer(t *testing.T) {
 	}
 	raw, _ := json.Marshal(loc)
 	fmt.Printf("location: %s\n", raw)
-	io.Copy(io.Discard, os.Stdin) // until the parent closes stdin
+	testproc.StdinClosed()
 }
 
 // crossProcessGets: another process puts a value of size bytes and serves

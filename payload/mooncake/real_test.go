@@ -3,19 +3,17 @@
 package mooncake
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/internal/mooncaketest"
+	"github.com/embcache/embcache/internal/testproc"
 	"github.com/embcache/embcache/payload"
 )
 
@@ -48,51 +46,10 @@ func (c *mooncakeCluster) config(node string, segment uint64) Config {
 // until the test ends (its stdin closes).
 func startHolder(t testing.TB, c *mooncakeCluster, segment uint64) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMooncakeSegmentHolder$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EMBCACHE_MOONCAKE_HOLDER=1", "HOLDER_LIB="+c.config("", 0).Library,
+	p := testproc.Start(t, "TestMooncakeSegmentHolder", "EMBCACHE_MOONCAKE_HOLDER=1", "HOLDER_LIB="+c.config("", 0).Library,
 		"HOLDER_MASTER="+c.Addr, "HOLDER_METADATA="+c.Metadata, "HOLDER_SEGMENT="+strconv.FormatUint(segment, 10))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	ready := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "holder:") {
-				ready <- s.Text()
-				return
-			}
-		}
-		ready <- "exited"
-	}()
-	select {
-	case line := <-ready:
-		if line != "holder: ready" {
-			t.Fatalf("segment holder: %s\n%s", line, mooncaketest.Tail(stderr.String(), 3000))
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("segment holder not ready in 30 s\n%s", mooncaketest.Tail(stderr.String(), 3000))
+	if line := p.Line(t, "holder: ", 30*time.Second); line != "ready" {
+		t.Fatalf("segment holder: %s", line)
 	}
 }
 
@@ -111,7 +68,7 @@ func TestMooncakeSegmentHolder(t *testing.T) {
 		return
 	}
 	fmt.Println("holder: ready")
-	bufio.NewReader(os.Stdin).ReadString(0) // until the parent closes stdin
+	testproc.StdinClosed()
 	s.Close()
 }
 

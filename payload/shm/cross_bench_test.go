@@ -1,18 +1,16 @@
 package shm
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/testproc"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/payload"
 )
@@ -27,24 +25,13 @@ import (
 // dir, as a process of the node does, and exits; it returns the Location.
 func putInAnotherProcess(tb testing.TB, dir string, size int) payload.Location {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrossProcessWriter$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EMBCACHE_SHM_WRITER_DIR="+dir, "EMBCACHE_SHM_WRITER_SIZE="+strconv.Itoa(size))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		tb.Fatalf("writer process: %v\n%s", err, out)
+	p := testproc.Start(tb, "TestCrossProcessWriter", "EMBCACHE_SHM_WRITER_DIR="+dir, "EMBCACHE_SHM_WRITER_SIZE="+strconv.Itoa(size))
+	var loc payload.Location
+	if err := json.Unmarshal([]byte(p.Line(tb, "location: ", time.Minute)), &loc); err != nil {
+		tb.Fatal(err)
 	}
-	s := bufio.NewScanner(bytes.NewReader(out))
-	for s.Scan() {
-		if raw, ok := strings.CutPrefix(s.Text(), "location: "); ok {
-			var loc payload.Location
-			if err := json.Unmarshal([]byte(raw), &loc); err != nil {
-				tb.Fatal(err)
-			}
-			return loc
-		}
-	}
-	tb.Fatalf("the writer process printed no location:\n%s", out)
-	return payload.Location{}
+	p.Wait(tb, time.Minute)
+	return loc
 }
 
 // TestCrossProcessWriter is the writer putInAnotherProcess runs; it skips
