@@ -5,17 +5,12 @@
 package mooncaketest
 
 import (
-	"bytes"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/embcache/embcache/internal/mooncakemaster"
 )
 
 // Dir is the directory of a real Mooncake Store (lib/libmooncake_store.so,
@@ -24,9 +19,9 @@ import (
 // (.ci/run sets it): then it fails.
 func Dir(t testing.TB) string {
 	t.Helper()
-	for _, env := range []string{"EMBCACHE_MOONCAKE_DIR", "MOONCAKE_DIR"} {
+	for _, env := range mooncakemaster.DirEnv {
 		if dir := os.Getenv(env); dir != "" {
-			if _, err := os.Stat(filepath.Join(dir, "lib", "libmooncake_store.so")); err != nil {
+			if _, err := os.Stat(Library(dir)); err != nil {
 				t.Fatalf("$%s=%s: %v", env, dir, err)
 			}
 			return dir
@@ -40,35 +35,32 @@ func Dir(t testing.TB) string {
 }
 
 // Library is the store's C library in dir.
-func Library(dir string) string { return filepath.Join(dir, "lib", "libmooncake_store.so") }
+func Library(dir string) string { return mooncakemaster.Library(dir) }
+
+// Tail is the last n bytes of s.
+func Tail(s string, n int) string { return mooncakemaster.Tail(s, n) }
 
 // Master is a mooncake_master of a test: running from StartMaster until
 // the test ends, unless Stop or Kill ends it first; Restart runs it again
 // on the same ports.
 type Master struct {
-	Addr     string // host:port of its RPC
-	Metadata string // its HTTP metadata server's URL
-	Metrics  string // its Prometheus metrics' URL
+	*mooncakemaster.Master
 
 	t    testing.TB
-	bin  string
-	args []string
-	cmd  *exec.Cmd     // the running master, or nil
-	log  *bytes.Buffer // its output; read only once it has exited
-	logs []string      // the output of the masters that have exited
+	logs []string // the output of the masters that have exited
 }
 
 // StartMaster starts a mooncake_master of dir on free loopback ports
 // (flags added), stopped at the test's end, and waits until it answers.
 func StartMaster(t testing.TB, dir string, flags ...string) *Master {
 	t.Helper()
-	rpc, meta, metrics := freePort(t), freePort(t), freePort(t)
-	m := &Master{Addr: fmt.Sprintf("127.0.0.1:%d", rpc), Metadata: fmt.Sprintf("http://127.0.0.1:%d/metadata", meta),
-		Metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), t: t, bin: filepath.Join(dir, "bin", "mooncake_master")}
-	m.args = append([]string{"--enable_http_metadata_server=true", "--http_metadata_server_port=" + strconv.Itoa(meta),
-		"--rpc_port=" + strconv.Itoa(rpc), "--metrics_port=" + strconv.Itoa(metrics)}, flags...)
+	mm, err := mooncakemaster.New(dir, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Master{Master: mm, t: t}
 	t.Cleanup(func() {
-		if m.cmd != nil {
+		if m.Running() {
 			m.end(syscall.SIGKILL)
 		}
 		if t.Failed() {
@@ -85,30 +77,11 @@ func StartMaster(t testing.TB, dir string, flags ...string) *Master {
 // their segments again.
 func (m *Master) Restart() {
 	m.t.Helper()
-	if m.cmd != nil {
+	if m.Running() {
 		m.t.Fatal("mooncaketest: Restart of a running master")
 	}
-	m.log = new(bytes.Buffer)
-	m.cmd = exec.Command(m.bin, m.args...)
-	m.cmd.Env = append(os.Environ(), "GLOG_logtostderr=1")
-	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
-	if err := m.cmd.Start(); err != nil {
+	if err := m.Start(); err != nil {
 		m.t.Fatal(err)
-	}
-	meta := strings.TrimPrefix(strings.TrimSuffix(m.Metadata, "/metadata"), "http://")
-	deadline := time.Now().Add(20 * time.Second)
-	for _, addr := range []string{m.Addr, meta} {
-		for {
-			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-			if err == nil {
-				conn.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				m.t.Fatalf("mooncake_master not answering on %s: %v", addr, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
 	}
 }
 
@@ -121,36 +94,8 @@ func (m *Master) Kill() { m.t.Helper(); m.end(syscall.SIGKILL) }
 
 func (m *Master) end(sig syscall.Signal) {
 	m.t.Helper()
-	if m.cmd == nil {
+	if !m.Running() {
 		m.t.Fatal("mooncaketest: the master is not running")
 	}
-	m.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { m.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		m.cmd.Process.Kill()
-		<-done
-	}
-	m.logs = append(m.logs, m.log.String())
-	m.cmd, m.log = nil, nil
-}
-
-// Tail is the last n bytes of s.
-func Tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	m.logs = append(m.logs, m.Master.Stop(sig))
 }
