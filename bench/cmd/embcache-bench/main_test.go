@@ -59,9 +59,12 @@ func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	return o.String(), e.String(), 0
 }
 
-func TestBenchQuick(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "bench.json")
-	stdout, stderr, code := run(t, "--quick", "--out", out)
+// runJSON runs the command with args and --out, requires exit 0, and
+// decodes the JSON it wrote into into; it returns its stdout and the JSON.
+func runJSON(t *testing.T, into any, args ...string) (stdout string, raw []byte) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "out.json")
+	stdout, stderr, code := run(t, append(args, "--out", out)...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -69,12 +72,20 @@ func TestBenchQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, raw)
+	}
+	return stdout, raw
+}
+
+func TestBenchQuick(t *testing.T) {
 	var r struct {
 		Rows     []benchRow    `json:"rows"`
 		Workload []workloadRow `json:"workload"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Rows) != 21 || len(r.Workload) != len(allSystems) {
-		t.Fatalf("bench JSON: %v, %d rows, %d workload rows\n%s", err, len(r.Rows), len(r.Workload), raw)
+	stdout, raw := runJSON(t, &r, "--quick")
+	if len(r.Rows) != 21 || len(r.Workload) != len(allSystems) {
+		t.Fatalf("bench JSON: %d rows, %d workload rows\n%s", len(r.Rows), len(r.Workload), raw)
 	}
 	for _, row := range r.Rows {
 		if row.Ours <= 0 || row.Baseline <= 0 || row.Ratio <= 0 || !strings.Contains(stdout, row.Case) {
@@ -127,20 +138,12 @@ func TestWorkloadMooncake(t *testing.T) {
 		}
 		t.Skip(why)
 	}
-	out := filepath.Join(t.TempDir(), "bench.json")
-	stdout, stderr, code := run(t, "--suites", "workload", "--quick", "--systems", sysEmbcacheMC, "--out", out)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var r struct {
 		Workload []workloadRow `json:"workload"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Workload) != 1 {
-		t.Fatalf("bench JSON: %v\n%s", err, raw)
+	stdout, raw := runJSON(t, &r, "--suites", "workload", "--quick", "--systems", sysEmbcacheMC)
+	if len(r.Workload) != 1 {
+		t.Fatalf("bench JSON:\n%s", raw)
 	}
 	w := r.Workload[0]
 	if w.Errors != 0 || w.Skipped != "" || w.RequestsPerSec <= 0 || w.Forwards != w.Unique || !strings.Contains(stdout, sysEmbcacheMC) {
@@ -176,21 +179,13 @@ func degraded(w workloadRow) bool {
 }
 
 func TestScaleQuick(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "scale.json")
-	stdout, stderr, code := run(t, "--suites", "scale", "--quick", "--out", out)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var r struct {
 		Scale scaleResult `json:"scale"`
 	}
-	if err := json.Unmarshal(raw, &r); err != nil || len(r.Scale.Processes) != 2 || len(r.Scale.Records) != 1 ||
+	stdout, raw := runJSON(t, &r, "--suites", "scale", "--quick")
+	if len(r.Scale.Processes) != 2 || len(r.Scale.Records) != 1 ||
 		!strings.Contains(stdout, "msgs/forward") || !strings.Contains(stdout, "join to first hit") {
-		t.Fatalf("scale JSON: %v\n%s\n%s", err, raw, stdout)
+		t.Fatalf("scale JSON:\n%s\n%s", raw, stdout)
 	}
 	for _, row := range r.Scale.Processes {
 		if row.Errors != 0 || row.Forwards < 40 || row.MsgsPerRequest <= 0 || row.MsgsPerForward <= row.MsgsPerRequest ||
