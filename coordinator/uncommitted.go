@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,11 +75,7 @@ func (s *uncommittedSet) add(u uncommitted) bool {
 func (s *uncommittedSet) snapshot() []uncommitted {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]uncommitted, 0, len(s.pending))
-	for _, u := range s.pending {
-		out = append(out, u)
-	}
-	return out
+	return slices.Collect(maps.Values(s.pending))
 }
 
 // done forgets u, unless the object was queued again since; it reports
@@ -96,11 +94,8 @@ func (s *uncommittedSet) done(u uncommitted) bool {
 func (s *uncommittedSet) drain() []uncommitted {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]uncommitted, 0, len(s.pending))
-	for k, u := range s.pending {
-		out = append(out, u)
-		delete(s.pending, k)
-	}
+	out := slices.Collect(maps.Values(s.pending))
+	clear(s.pending)
 	return out
 }
 

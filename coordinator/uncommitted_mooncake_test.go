@@ -63,13 +63,7 @@ func TestARefusedCommitsMooncakeObjectIsRemoved(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	res, err := c.Reserve(ctx, ref(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := res.Commit(ctx, embedding(1)); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("commit after the deadline passed in the put: %v, want ErrLeaseLost", err)
-	}
+	commitPastItsLease(t, c, 1)
 	settleUncommitted(t, c)
 	if s := c.Stats(); s.UncommittedDeleted != 1 || s.UncommittedLeft != 0 {
 		t.Fatalf("uncommitted deleted %d, left %d; want 1, 0", s.UncommittedDeleted, s.UncommittedLeft)

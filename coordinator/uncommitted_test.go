@@ -50,13 +50,7 @@ func TestARefusedCommitsPayloadIsRemoved(t *testing.T) {
 	c := newCache(t, srv.ClientURL(), slowPut{store, clock, 2 * time.Second},
 		WithLeaseTTL(time.Second), WithClock(clock))
 	ctx := context.Background()
-	res, err := c.Reserve(ctx, ref(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := res.Commit(ctx, embedding(1)); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("commit after the deadline passed in the put: %v, want ErrLeaseLost", err)
-	}
+	commitPastItsLease(t, c, 1)
 	if cur, err := c.bucket().Read(ctx, ref(1).KVKey()); err != nil || !cur.Live || cur.Record.State != lease.StateComputing {
 		t.Fatalf("the key's record: %+v %v, want its (refused) computing record", cur, err)
 	}
@@ -144,5 +138,19 @@ func TestARefusedCommitsPayloadStaysForTheNextCompute(t *testing.T) {
 	}
 	if s := a.Stats(); s.UncommittedDeleted != 0 || s.UncommittedLeft != 0 {
 		t.Fatalf("a: uncommitted deleted %d, left %d; want 0, 0", s.UncommittedDeleted, s.UncommittedLeft)
+	}
+}
+
+// commitPastItsLease reserves ref(n) on c and commits it, and requires
+// the commit to be refused: c's payload puts outlast its lease (slowPut).
+func commitPastItsLease(t *testing.T, c *Cache, n int) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := c.Reserve(ctx, ref(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Commit(ctx, embedding(n)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("commit after the deadline passed in the put: %v, want ErrLeaseLost", err)
 	}
 }
