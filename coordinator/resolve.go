@@ -103,162 +103,233 @@ func (c *Cache) getOrCompute(ctx context.Context, req string, ref Ref, fn Comput
 }
 
 // resolve finds ref's value in the cluster or computes it; it runs once
-// per process per key (inside the local cache's flight).
+// per process per key (inside the local cache's flight). Each turn of its
+// loop reads the key's record once (or takes the change a wait heard) and
+// acts on what it finds: a step that did not end it looks again, after a
+// back-off where the record it acted on may not have moved yet.
 func (c *Cache) resolve(ctx context.Context, ref Ref, fn ComputeFunc) (*payload.Value, Path, error) {
 	b := c.bucket()
 	if b == nil {
 		return c.degraded(ctx, ref, fn, ErrStoreUnavailable)
 	}
-	key := ref.KVKey()
-	w := waiter{}
-	defer w.stop()
-	// Before the first read: an invalidation whose event arrives after it
-	// refuses what this request pulls (heardSince).
-	invalidations := c.invalidationsHeard(ref)
-	var heard *lease.Change // a change the wait heard, taken instead of a read
+	r := &resolution{c: c, b: b, ref: ref, key: ref.KVKey(), fn: fn,
+		// Before the first read: an invalidation whose event arrives after
+		// it refuses what this request pulls (heardSince).
+		invalidations: c.invalidationsHeard(ref)}
+	defer r.w.stop()
 	for attempt := 0; ; attempt++ {
-		var cur lease.Entry
-		var err error
-		countBad := c.badRecord
-		if heard != nil {
-			cur, err, heard = heard.Entry, heard.Err, nil
-			countBad = c.badRecordWatched
-		} else {
-			octx, cancel := c.opContext(ctx)
-			cur, err = b.Read(octx, key)
-			cancel()
-		}
-		if errors.Is(err, ErrBadRecord) {
-			countBad(err)
-			if c.purgeUnreadable(ctx, b, key, cur, err) {
-				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
-					return nil, PathWaited, err
-				}
-				continue
-			}
-			c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", key, "err", err)
-		}
-		if err != nil {
-			return c.degraded(ctx, ref, fn, err)
-		}
-		if cur.Live && cur.Record.State == lease.StateComputing && c.purgeStale(ctx, b, key, cur) {
+		o := r.step(ctx, attempt)
+		switch o.next {
+		case stepDone:
+			return o.v, o.path, o.err
+		case stepBackOff:
 			if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
 				return nil, PathWaited, err
 			}
-			continue
-		}
-		if cur.Live && !ref.carries(cur.Record) {
-			// Not a value for this caller, computing or committed: the
-			// label rule (labels.go).
-			if c.purgeUnlabelled(ctx, b, key, cur) {
-				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
-					return nil, PathWaited, err
-				}
-				continue
-			}
-			w.stop()
-			return c.labelConflict(ctx, ref, fn, cur.Record)
-		}
-		switch {
-		case !cur.Live:
-			w.stop()
-			r, end, err := c.reserveToCompute(ctx, b, ref)
-			if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
-				// Someone got there first: read what they wrote. A read that
-				// lags (a follower's direct get) could make this spin; back off.
-				if err := backOff(ctx, c.s.pollInterval, attempt); err != nil {
-					return nil, PathWaited, err
-				}
-				continue
-			}
-			if err != nil {
-				return c.degraded(ctx, ref, fn, err)
-			}
-			if attempt > 0 {
-				c.obs.tookOver()
-			}
-			return c.computeUnder(ctx, r, fn, end)
-
-		case cur.Record.State == lease.StateCommitted:
-			w.stop()
-			v, err := c.pull(ctx, b, ref, cur)
-			if err != nil && ctx.Err() != nil {
-				// The request ended (Close, the compute timeout): a pull
-				// cut short says nothing of the payload, which stays.
-				return nil, PathRemoteHit, context.Cause(ctx)
-			}
-			if errors.Is(err, errInvalidated) {
-				continue // purged: compute it again
-			}
-			if errors.Is(err, errInvalidatedKept) {
-				return c.degraded(ctx, ref, fn, err) // not shared until the server removes it
-			}
-			var unread *tombstoneError
-			if errors.As(err, &unread) {
-				return c.degraded(ctx, ref, fn, err)
-			}
-			if err == nil && c.invalidationsHeard(ref) != invalidations {
-				// An invalidation of its labels arrived since the record was
-				// read: whether the record is older than its tombstone, a
-				// lagging read may not tell. The caller's value is computed
-				// here, unshared.
-				v.Close()
-				c.obs.invalidatedRecord(ref, v)
-				return c.computeUnshared(ctx, ref, fn)
-			}
-			if err == nil {
-				if w.waited {
-					return v, PathWaited, nil
-				}
-				return v, PathRemoteHit, nil
-			}
-			if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) || errors.Is(err, payload.ErrUntrusted) {
-				// Readable where it was written, not here (no transport
-				// for it, another node's shm, a pull server this node does
-				// not trust): not corrupt, so the record stays for those
-				// who can read it.
-				return c.degraded(ctx, ref, fn, err)
-			}
-			if attempt >= 3 {
-				return c.degraded(ctx, ref, fn, err)
-			}
-			// Drop the record (if nobody changed it) so the key can be
-			// recomputed; one that may have expired is left to the server
-			// (3.1): its key is computed without sharing meanwhile.
-			if cur.Record.MayHaveExpired(c.s.clock.Now(), c.s.clockAllowance) {
-				return c.degraded(ctx, ref, fn, err)
-			}
-			octx, cancel := c.opContext(ctx)
-			err = b.PurgeFor(octx, key, cur.Rev, events.CauseCorrupt)
-			cancel()
-			if err != nil && !errors.Is(err, ErrLeaseLost) {
-				return c.degraded(ctx, ref, fn, err)
-			}
-
-		default: // computing elsewhere: wait for a change, or poll
-			if !w.waited {
-				w.waited = true
-				c.obs.waiting(ctx)
-			}
-			if w.done == nil {
-				// Subscribe, then read again: a change between the first
-				// read and the subscription is in the second read, and any
-				// after it reaches the subscription. Only a waiter
-				// subscribes (a hit or a reservation needs no changes).
-				// Without changes (a subscription refused, a bucket that
-				// does not republish) the polls alone wake it.
-				if err := w.subscribe(b, key); err != nil {
-					c.s.logger.Debug("embcache: no changes for a key, polling", "key", key, "err", err)
-				}
-				continue
-			}
-			ch, err := w.wait(ctx, c.s.pollInterval, cur.Rev)
-			if err != nil {
-				return nil, PathWaited, c.waitEnded(ctx, key, cur)
-			}
-			heard = ch
 		}
 	}
+}
+
+// resolution is one resolve: what its turns share.
+type resolution struct {
+	c             *Cache
+	b             *lease.Bucket
+	ref           Ref
+	key           string
+	fn            ComputeFunc
+	invalidations int64         // c.invalidationsHeard(ref) before the first read
+	w             waiter        // the wait for a computing record's change
+	heard         *lease.Change // a change the wait heard, taken instead of a read
+}
+
+// nextStep is what a turn of resolve's loop leads to. Its zero value
+// reads the key again: an outcome left unset is never taken for an
+// answer.
+type nextStep int
+
+const (
+	stepAgain   nextStep = iota // read the key again now
+	stepBackOff                 // read it again after a back-off
+	stepDone                    // the answer is the outcome's
+)
+
+// outcome is what a turn decided.
+type outcome struct {
+	next nextStep
+	v    *payload.Value
+	path Path
+	err  error
+}
+
+// answer is the outcome that answers with v, path and err.
+func answer(v *payload.Value, path Path, err error) outcome {
+	return outcome{next: stepDone, v: v, path: path, err: err}
+}
+
+// step reads the key (or takes the change the wait heard) and acts on the
+// record it finds.
+func (r *resolution) step(ctx context.Context, attempt int) outcome {
+	c := r.c
+	cur, purged, err := r.read(ctx)
+	if purged {
+		return outcome{next: stepBackOff}
+	}
+	if err != nil {
+		return answer(c.degraded(ctx, r.ref, r.fn, err))
+	}
+	if cur.Live && cur.Record.State == lease.StateComputing && c.purgeStale(ctx, r.b, r.key, cur) {
+		return outcome{next: stepBackOff}
+	}
+	if cur.Live && !r.ref.carries(cur.Record) {
+		// Not a value for this caller, computing or committed: the label
+		// rule (labels.go).
+		if c.purgeUnlabelled(ctx, r.b, r.key, cur) {
+			return outcome{next: stepBackOff}
+		}
+		r.w.stop()
+		return answer(c.labelConflict(ctx, r.ref, r.fn, cur.Record))
+	}
+	switch {
+	case !cur.Live:
+		r.w.stop()
+		return r.reserve(ctx, attempt)
+	case cur.Record.State == lease.StateCommitted:
+		r.w.stop()
+		return r.committed(ctx, cur, attempt)
+	default:
+		return r.computing(ctx, cur)
+	}
+}
+
+// read returns the key's record: the change the wait heard, or a read. A
+// record that does not decode is counted, and purged if it may be
+// (purgeUnreadable): then purged is true, and the key is to be read
+// again. Left in place, it is the error: the caller computes without
+// sharing.
+func (r *resolution) read(ctx context.Context) (cur lease.Entry, purged bool, err error) {
+	c := r.c
+	countBad := c.badRecord
+	if r.heard != nil {
+		cur, err, r.heard = r.heard.Entry, r.heard.Err, nil
+		countBad = c.badRecordWatched
+	} else {
+		octx, cancel := c.opContext(ctx)
+		cur, err = r.b.Read(octx, r.key)
+		cancel()
+	}
+	if errors.Is(err, ErrBadRecord) {
+		countBad(err)
+		if c.purgeUnreadable(ctx, r.b, r.key, cur, err) {
+			return lease.Entry{}, true, nil
+		}
+		c.s.logger.Warn("embcache: unreadable lease record, computing without sharing", "key", r.key, "err", err)
+	}
+	return cur, false, err
+}
+
+// reserve takes the lease of a key with no live record and computes.
+func (r *resolution) reserve(ctx context.Context, attempt int) outcome {
+	c := r.c
+	res, end, err := c.reserveToCompute(ctx, r.b, r.ref)
+	if errors.Is(err, ErrHeld) || errors.Is(err, lease.ErrLate) {
+		// Someone got there first: read what they wrote. A read that lags
+		// (a follower's direct get) could make this spin; back off.
+		return outcome{next: stepBackOff}
+	}
+	if err != nil {
+		return answer(c.degraded(ctx, r.ref, r.fn, err))
+	}
+	if attempt > 0 {
+		c.obs.tookOver()
+	}
+	return answer(c.computeUnder(ctx, res, r.fn, end))
+}
+
+// committed pulls a committed record's value. A payload that cannot be
+// read (missing, corrupt) has its record purged, so that the key is
+// computed again, up to the fourth try.
+func (r *resolution) committed(ctx context.Context, cur lease.Entry, attempt int) outcome {
+	c, ref, fn := r.c, r.ref, r.fn
+	v, err := c.pull(ctx, r.b, ref, cur)
+	if err != nil && ctx.Err() != nil {
+		// The request ended (Close, the compute timeout): a pull cut short
+		// says nothing of the payload, which stays.
+		return answer(nil, PathRemoteHit, context.Cause(ctx))
+	}
+	if errors.Is(err, errInvalidated) {
+		return outcome{next: stepAgain} // purged: compute it again
+	}
+	if errors.Is(err, errInvalidatedKept) {
+		return answer(c.degraded(ctx, ref, fn, err)) // not shared until the server removes it
+	}
+	var unread *tombstoneError
+	if errors.As(err, &unread) {
+		return answer(c.degraded(ctx, ref, fn, err))
+	}
+	if err == nil && c.invalidationsHeard(ref) != r.invalidations {
+		// An invalidation of its labels arrived since the record was read:
+		// whether the record is older than its tombstone, a lagging read
+		// may not tell. The caller's value is computed here, unshared.
+		v.Close()
+		c.obs.invalidatedRecord(ref, v)
+		return answer(c.computeUnshared(ctx, ref, fn))
+	}
+	if err == nil {
+		if r.w.waited {
+			return answer(v, PathWaited, nil)
+		}
+		return answer(v, PathRemoteHit, nil)
+	}
+	if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) || errors.Is(err, payload.ErrUntrusted) {
+		// Readable where it was written, not here (no transport for it,
+		// another node's shm, a pull server this node does not trust): not
+		// corrupt, so the record stays for those who can read it.
+		return answer(c.degraded(ctx, ref, fn, err))
+	}
+	if attempt >= 3 {
+		return answer(c.degraded(ctx, ref, fn, err))
+	}
+	// Drop the record (if nobody changed it) so the key can be recomputed;
+	// one that may have expired is left to the server (3.1): its key is
+	// computed without sharing meanwhile.
+	if cur.Record.MayHaveExpired(c.s.clock.Now(), c.s.clockAllowance) {
+		return answer(c.degraded(ctx, ref, fn, err))
+	}
+	octx, cancel := c.opContext(ctx)
+	err = r.b.PurgeFor(octx, r.key, cur.Rev, events.CauseCorrupt)
+	cancel()
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		return answer(c.degraded(ctx, ref, fn, err))
+	}
+	return outcome{next: stepAgain}
+}
+
+// computing waits for a change of a record another process computes
+// under, or polls.
+func (r *resolution) computing(ctx context.Context, cur lease.Entry) outcome {
+	c := r.c
+	if !r.w.waited {
+		r.w.waited = true
+		c.obs.waiting(ctx)
+	}
+	if r.w.done == nil {
+		// Subscribe, then read again: a change between the first read and
+		// the subscription is in the second read, and any after it
+		// reaches the subscription. Only a waiter subscribes (a hit or a
+		// reservation needs no changes). Without changes (a subscription
+		// refused, a bucket that does not republish) the polls alone wake
+		// it.
+		if err := r.w.subscribe(r.b, r.key); err != nil {
+			c.s.logger.Debug("embcache: no changes for a key, polling", "key", r.key, "err", err)
+		}
+		return outcome{next: stepAgain}
+	}
+	ch, err := r.w.wait(ctx, c.s.pollInterval, cur.Rev)
+	if err != nil {
+		return answer(nil, PathWaited, c.waitEnded(ctx, r.key, cur))
+	}
+	r.heard = ch
+	return outcome{next: stepAgain}
 }
 
 // purgeStale removes a computing record that nobody renews and nothing
