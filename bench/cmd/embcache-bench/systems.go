@@ -2,17 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
@@ -22,7 +16,6 @@ import (
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
-	"github.com/golang/groupcache"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -182,28 +175,6 @@ func (e *embcacheSystem) delivered() uint64 { return e.n.Conn().Stats().InMsgs }
 func (e *embcacheSystem) close()            { e.n.Close() }
 func (e *embcacheSystem) detail() any       { return e.n.Cache().Stats() }
 
-// redisSystem is the common Redis pattern, written carefully: a local LRU
-// with single-flight in front; on a local miss, one script GETs the value's
-// location or, if there is none, SETs NX PX a lease; compute, put the payload on this process's pull
-// server, and in one script (fenced by the lease token) SET the location,
-// PUBLISH it and DEL the lease. Waiters take the location from a pattern
-// subscription shared by the process, and poll (GET, then SET NX to take
-// over an expired lease) in case the message is lost.
-type redisSystem struct {
-	rdb      *redis.Client
-	ps       *redis.PubSub
-	local    *localcache.Cache[cachekey.Key, *payload.Value]
-	tr       *httppull.Transport
-	srv      *http.Server
-	leaseTTL time.Duration
-	poll     time.Duration
-	count    atomic.Uint64
-
-	mu      sync.Mutex
-	waiters map[string][]chan string // channel -> waiters
-	done    chan struct{}
-}
-
 var (
 	// redisAcquire reads the value and, if there is none, takes the lease,
 	// in one step: a GET then a SET NX would let a commit land between the
@@ -222,192 +193,6 @@ return 1`)
 )
 
 const redisChannelPrefix = "emb:c:"
-
-type redisCounter struct{ n *atomic.Uint64 }
-
-func (h redisCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h redisCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(2); return next(ctx, cmd) }
-}
-func (h redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(uint64(2 * len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
-func openRedisSystem(cfg dedupConfig) (*redisSystem, error) {
-	local, err := localcache.New(localcache.Options[cachekey.Key, *payload.Value]{Budget: localcache.Budget{MaxBytes: cfg.LocalMaxByte}})
-	if err != nil {
-		return nil, err
-	}
-	tr, srv, err := openPullPlane(cfg)
-	if err != nil {
-		return nil, err
-	}
-	r := &redisSystem{rdb: redis.NewClient(&redis.Options{Addr: cfg.Redis}), local: local, tr: tr, srv: srv,
-		leaseTTL: 5 * time.Second, poll: 100 * time.Millisecond, waiters: map[string][]chan string{}, done: make(chan struct{})}
-	r.rdb.AddHook(redisCounter{&r.count})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r.ps = r.rdb.PSubscribe(ctx, redisChannelPrefix+"*")
-	if _, err := r.ps.Receive(ctx); err != nil { // the subscription is confirmed
-		r.ps.Close() // dispatch has not started: nothing to wait for
-		r.rdb.Close()
-		srv.Close()
-		return nil, fmt.Errorf("redis subscribe: %w", err)
-	}
-	go r.dispatch()
-	return r, nil
-}
-
-func (r *redisSystem) dispatch() {
-	defer close(r.done)
-	for m := range r.ps.Channel() {
-		r.count.Add(1)
-		r.mu.Lock()
-		ws := r.waiters[m.Channel]
-		delete(r.waiters, m.Channel)
-		r.mu.Unlock()
-		for _, w := range ws {
-			w <- m.Payload // buffered 1
-		}
-	}
-}
-
-func (r *redisSystem) wait(channel string) (<-chan string, func()) {
-	ch := make(chan string, 1)
-	r.mu.Lock()
-	r.waiters[channel] = append(r.waiters[channel], ch)
-	r.mu.Unlock()
-	return ch, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		ws := r.waiters[channel]
-		for i, w := range ws {
-			if w == ch {
-				r.waiters[channel] = append(ws[:i], ws[i+1:]...)
-				break
-			}
-		}
-		if len(r.waiters[channel]) == 0 {
-			delete(r.waiters, channel)
-		}
-	}
-}
-
-func (r *redisSystem) get(ctx context.Context, req string, key cachekey.Key, fn computeFunc) (*payload.Value, func(), error) {
-	v, err := r.local.GetOrCompute(ctx, req, key, func(ctx context.Context) (*payload.Value, error) {
-		return r.fetchOrCompute(ctx, key, fn)
-	})
-	return v, func() { r.local.Release(req) }, err
-}
-
-func (r *redisSystem) fetchOrCompute(ctx context.Context, key cachekey.Key, fn computeFunc) (*payload.Value, error) {
-	k := key.String()
-	valKey, leaseKey, channel := "emb:v:"+k, "emb:l:"+k, redisChannelPrefix+k
-	for {
-		token := randomToken()
-		res, err := redisAcquire.Run(ctx, r.rdb, []string{valKey, leaseKey}, token, r.leaseTTL.Milliseconds()).Slice()
-		if err != nil {
-			return nil, err
-		}
-		switch res[0].(int64) {
-		case 1:
-			return r.pull(ctx, []byte(res[1].(string)))
-		case 2:
-			return r.compute(ctx, key, token, valKey, leaseKey, channel, fn)
-		}
-		// Someone holds the lease: subscribe first, then read again, so a
-		// commit between the two is not missed.
-		msg, cancel := r.wait(channel)
-		v, ok, err := r.fetch(ctx, valKey)
-		if ok || err != nil {
-			cancel()
-			return v, err
-		}
-		select {
-		case loc := <-msg:
-			return r.pull(ctx, []byte(loc))
-		case <-time.After(r.poll):
-			cancel() // try again; take the lease over if it expired
-		case <-ctx.Done():
-			cancel()
-			return nil, ctx.Err()
-		}
-	}
-}
-
-func (r *redisSystem) fetch(ctx context.Context, valKey string) (*payload.Value, bool, error) {
-	b, err := r.rdb.Get(ctx, valKey).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	v, err := r.pull(ctx, b)
-	return v, err == nil, err
-}
-
-func (r *redisSystem) pull(ctx context.Context, locJSON []byte) (*payload.Value, error) {
-	var loc payload.Location
-	if err := json.Unmarshal(locJSON, &loc); err != nil {
-		return nil, fmt.Errorf("redis: bad location: %w", err)
-	}
-	return r.tr.Get(ctx, loc)
-}
-
-func (r *redisSystem) compute(ctx context.Context, key cachekey.Key, token, valKey, leaseKey, channel string, fn computeFunc) (*payload.Value, error) {
-	renewed := make(chan struct{})
-	stop := make(chan struct{})
-	go func() { // keep the lease while computing
-		defer close(renewed)
-		t := time.NewTicker(r.leaseTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				redisRenew.Run(ctx, r.rdb, []string{leaseKey}, token, r.leaseTTL.Milliseconds())
-			case <-stop:
-				return
-			}
-		}
-	}()
-	v, err := fn(ctx)
-	close(stop)
-	<-renewed
-	if err != nil {
-		redisAbandon.Run(context.WithoutCancel(ctx), r.rdb, []string{leaseKey}, token)
-		return nil, err
-	}
-	loc, err := r.tr.Put(ctx, payload.ObjectID{Tenant: "bench", Key: key}, v)
-	if err != nil {
-		return nil, err
-	}
-	b, _ := json.Marshal(loc)
-	// A lost lease (the script returns 0) leaves the value to its new holder.
-	if err := redisCommit.Run(ctx, r.rdb, []string{leaseKey, valKey, channel}, token, b, time.Hour.Milliseconds()).Err(); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
-
-func randomToken() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-func (r *redisSystem) messages() uint64 { return r.count.Load() }
-func (r *redisSystem) detail() any      { return r.local.Stats() }
-
-func (r *redisSystem) close() {
-	r.ps.Close()
-	<-r.done
-	r.rdb.Close()
-	r.srv.Close()
-}
 
 // openPullPlane is one process's payload store and httppull server, on the
 // address the bench assigned it: the bytes move the way embcache moves them.
@@ -434,62 +219,3 @@ func openPullPlane(cfg dedupConfig) (*httppull.Transport, *http.Server, error) {
 	go srv.Serve(l)
 	return tr, srv, nil
 }
-
-// groupcacheSystem is groupcache as it is meant to run: one HTTP peer per
-// process, each key filled (single-flight) by the peer that owns it and
-// fetched from it by the others; values are the payload encoding.
-type groupcacheSystem struct {
-	group *groupcache.Group
-	srv   *http.Server
-}
-
-func openGroupcache(cfg dedupConfig, computeOf func(key string) (computeFunc, bool)) (*groupcacheSystem, error) {
-	self := "http://" + cfg.PeerAddrs[cfg.Proc]
-	pool := groupcache.NewHTTPPoolOpts(self, nil) // once per process: groupcache's rule
-	peers := make([]string, len(cfg.PeerAddrs))
-	for i, a := range cfg.PeerAddrs {
-		peers[i] = "http://" + a
-	}
-	pool.Set(peers...)
-	g := &groupcacheSystem{}
-	g.group = groupcache.NewGroup("embeddings", max(cfg.LocalMaxByte, 1<<20), groupcache.GetterFunc(
-		func(ctx context.Context, key string, dest groupcache.Sink) error {
-			fn, ok := computeOf(key)
-			if !ok {
-				return fmt.Errorf("groupcache: no input for key %s", key)
-			}
-			v, err := fn(ctx)
-			if err != nil {
-				return err
-			}
-			b, err := payload.Encode(v)
-			if err != nil {
-				return err
-			}
-			return dest.SetBytes(b)
-		}))
-	l, err := net.Listen("tcp", cfg.PeerAddrs[cfg.Proc])
-	if err != nil {
-		return nil, err
-	}
-	g.srv = &http.Server{Handler: pool, ReadHeaderTimeout: 10 * time.Second}
-	go g.srv.Serve(l)
-	return g, nil
-}
-
-func (g *groupcacheSystem) get(ctx context.Context, _ string, key cachekey.Key, _ computeFunc) (*payload.Value, func(), error) {
-	var b []byte
-	if err := g.group.Get(ctx, key.String(), groupcache.AllocatingByteSliceSink(&b)); err != nil {
-		return nil, nil, err
-	}
-	v, err := payload.Decode(b)
-	return v, func() {}, err
-}
-
-func (g *groupcacheSystem) messages() uint64 {
-	s := &g.group.Stats
-	return uint64(2 * (s.PeerLoads.Get() + s.PeerErrors.Get() + s.ServerRequests.Get()))
-}
-
-func (g *groupcacheSystem) close()      { g.srv.Close() }
-func (g *groupcacheSystem) detail() any { return &g.group.Stats }

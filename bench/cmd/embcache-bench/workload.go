@@ -13,20 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/embedded"
-	"github.com/embcache/embcache/internal/workload"
-	"github.com/embcache/embcache/payload"
-	"github.com/redis/go-redis/v9"
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
@@ -371,179 +364,11 @@ func runWorkers(ctx context.Context, self string, base dedupConfig, cpu cpuClock
 	return results, elapsed, used, nil
 }
 
-// startRedis runs redis-server on a free loopback port, without persistence.
-func startRedis(ctx context.Context, dir string) (addr string, pid int, stop func(), err error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", 0, nil, err
-	}
-	port, err := embedded.FreePort("127.0.0.1")
-	if err != nil {
-		return "", 0, nil, err
-	}
-	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--daemonize", "no", "--loglevel", "warning")
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Start(); err != nil {
-		return "", 0, nil, err
-	}
-	stop = func() { cmd.Process.Kill(); cmd.Wait() }
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for rdb.Ping(ctx).Err() != nil {
-		if time.Now().After(deadline) {
-			stop()
-			return "", 0, nil, fmt.Errorf("redis-server did not answer on %s: %s", addr, stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return addr, cmd.Process.Pid, stop, nil
-}
-
 // cpuProfileEnv names a directory where each worker process writes a CPU
 // profile of its run (<system>-<proc>.pprof), and the bench process, which
 // runs the embedded NATS servers, its own (<system>-servers.pprof), for
 // finding where a system's requests spend their time.
 const cpuProfileEnv = "EMBCACHE_BENCH_CPUPROFILE"
-
-// startCPUProfile profiles this process's CPU into path until stop.
-func startCPUProfile(path string) (stop func(), err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
-}
-
-// newWorker is the hidden command the workload suite runs per process.
-func newWorker() *cobra.Command {
-	var config string
-	cmd := &cobra.Command{
-		Use:    "worker",
-		Short:  "One process of the bench's workload suite (run by embcache-bench)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var cfg dedupConfig
-			if err := json.Unmarshal([]byte(config), &cfg); err != nil {
-				return usagef("bad --config: %v", err)
-			}
-			return runBenchWorker(cmd.Context(), cfg, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
-		},
-	}
-	cmd.Flags().StringVar(&config, "config", "", "the process's JSON config")
-	return cmd
-}
-
-func runBenchWorker(ctx context.Context, cfg dedupConfig, in io.Reader, out, errw io.Writer) error {
-	keyer, err := cachekey.NewKeyer(workload.Config("bench"))
-	if err != nil {
-		return err
-	}
-	enc := &workload.Encoder{Bytes: cfg.EmbedBytes, Wait: time.Duration(cfg.EncodeMS) * time.Millisecond}
-	inputs := make([][]byte, cfg.Unique)
-	keys := make([]cachekey.Key, cfg.Unique)
-	byKey := make(map[string]int, cfg.Unique)
-	for i := range inputs {
-		inputs[i] = workload.Image(i)
-		if keys[i], err = keyer.RawBytes(inputs[i]); err != nil {
-			return err
-		}
-		byKey[keys[i].String()] = i
-	}
-	computeOf := func(key string) (computeFunc, bool) {
-		i, ok := byKey[key]
-		return func(ctx context.Context) (*payload.Value, error) { return enc.Encode(ctx, inputs[i]) }, ok
-	}
-	sys, err := openSystem(ctx, cfg, newLogger(errw), computeOf)
-	if err != nil {
-		return err
-	}
-	defer sys.close()
-	var mine []int
-	for i, in := range workload.Requests(cfg.Requests, cfg.Unique, cfg.Zipf, cfg.Seed) {
-		if i%cfg.Procs == cfg.Proc {
-			mine = append(mine, in)
-		}
-	}
-	writeJSONLine(out, map[string]bool{"ready": true})
-	control := bufio.NewReader(in)
-	if _, err := control.ReadString('\n'); err != nil {
-		return fmt.Errorf("waiting for go: %w", err)
-	}
-	if dir := os.Getenv(cpuProfileEnv); dir != "" {
-		stop, err := startCPUProfile(filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", cfg.System, cfg.Proc)))
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	m0, d0 := sys.messages(), deliveredOf(sys)
-	cpu0, cpuErr := selfCPU()
-	next := make(chan int)
-	go func() {
-		defer close(next)
-		for i := range mine {
-			next <- i
-		}
-	}()
-	var mu sync.Mutex
-	res := dedupResult{Requests: len(mine), Latencies: make([]int64, 0, len(mine))}
-	want := int64(cfg.EmbedBytes / 4 * 4)
-	var wg sync.WaitGroup
-	for range cfg.Goroutines {
-		wg.Go(func() {
-			for i := range next {
-				input := mine[i]
-				req := fmt.Sprintf("p%d-r%d", cfg.Proc, i)
-				fn, _ := computeOf(keys[input].String())
-				t0 := time.Now()
-				v, release, err := sys.get(ctx, req, keys[input], fn)
-				if err == nil && int64(len(v.Tensor.Data)) != want {
-					err = fmt.Errorf("input %d: %d bytes, want %d", input, len(v.Tensor.Data), want)
-				}
-				d := time.Since(t0)
-				if release != nil {
-					release()
-				}
-				mu.Lock()
-				res.Latencies = append(res.Latencies, d.Microseconds())
-				if err != nil {
-					if res.Errors++; res.FirstErr == "" {
-						res.FirstErr = err.Error()
-					}
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	if cpu1, err := selfCPU(); err == nil && cpuErr == nil {
-		res.CPUms = float64(cpu1-cpu0) / float64(time.Millisecond)
-	}
-	if err := writeJSONLine(out, res); err != nil {
-		return err
-	}
-	// Serve the others (their pulls; groupcache's fills of the keys this
-	// process owns) until every process is done, then report what this
-	// process did for everyone, and wait for stdin to close.
-	if _, err := control.ReadString('\n'); err != nil {
-		return fmt.Errorf("waiting for report: %w", err)
-	}
-	res = dedupResult{Forwards: enc.Forwards(), Messages: sys.messages() - m0, Delivered: deliveredOf(sys) - d0, Detail: sys.detail()}
-	if err := writeJSONLine(out, res); err != nil {
-		return err
-	}
-	io.Copy(io.Discard, control)
-	return nil
-}
 
 func printWorkload(w io.Writer, rows []workloadRow) {
 	var ref float64
