@@ -1,34 +1,15 @@
 package node_test
 
 import (
-	"bytes"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/node"
 )
-
-// syncLog is a slog text log several goroutines write.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // TestAnAdvertisedServerOfAnotherDirectoryIsSaid: a node that advertises
 // another process's pull server (an agent beside its serve) checks that
@@ -46,7 +27,7 @@ func TestAnAdvertisedServerOfAnotherDirectoryIsSaid(t *testing.T) {
 		dir   string
 		wrong bool
 	}{{filepath.Join(t.TempDir(), "own"), true}, {shared, false}} {
-		log := &syncLog{}
+		log := &syncbuf.Buffer{}
 		n := startNode(t, node.Options{NATSURL: srv.ClientURL(), Name: "n1", ShmDir: c.dir, NoEvents: true,
 			Advertise: "http://" + serve.PayloadAddr(),
 			Logger:    slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})

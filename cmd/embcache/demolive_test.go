@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/live"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestDemoPointsAtTheLiveView(t *testing.T) {
 	cmd := exec.Command(binary, "demo", "--hold", "--requests", "40", "--unique", "8", "--replicas", "2",
 		"--embed-mb", "0.25", "--encode-ms", "5")
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

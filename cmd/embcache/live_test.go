@@ -14,6 +14,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/coordinator"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/live"
 	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
@@ -58,7 +59,7 @@ func (c *liveCluster) loadgen(t *testing.T, requests, unique int) <-chan error {
 	t.Helper()
 	cmd := exec.Command(binary, "loadgen", "--encoder", c.encoder, "--prefill", strings.Join(c.prefills, ","),
 		"--requests", fmt.Sprint(requests), "--unique", fmt.Sprint(unique), "--concurrency", "4", "--seed", "36")
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/localdir/localdirtest"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
@@ -331,14 +331,14 @@ func TestKeyMatchesGoldenVectors(t *testing.T) {
 
 // startServe runs `embcache serve` (with extra flags) on a free port until
 // the test ends and returns its URL and a Cache connected to it.
-func startServe(t *testing.T, extra ...string) (string, *coordinator.Cache, *syncBuffer) {
+func startServe(t *testing.T, extra ...string) (string, *coordinator.Cache, *syncbuf.Buffer) {
 	t.Helper()
 	port, _ := embedded.FreePort("127.0.0.1")
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	dir := t.TempDir()
 	serve := exec.Command(binary, append([]string{"serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
 		"--shm-dir", filepath.Join(dir, "shm"), "--node", "n1", "--lease-ttl", "1s"}, extra...)...)
-	serveOut := &syncBuffer{}
+	serveOut := &syncbuf.Buffer{}
 	serve.Stdout, serve.Stderr = serveOut, serveOut
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -501,7 +501,7 @@ func TestNatsCLIInspection(t *testing.T) {
 	}
 	// kv watch runs until stopped: read what it shows for the bucket, then stop it.
 	watch := exec.Command(natsCLI, "--server", url, "kv", "watch", lease.DefaultBucket, committed.KVKey())
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	watch.Stdout, watch.Stderr = out, out
 	if err := watch.Start(); err != nil {
 		t.Fatal(err)
@@ -515,24 +515,6 @@ func TestNatsCLIInspection(t *testing.T) {
 	if !strings.Contains(out.String(), `"state":"committed"`) {
 		t.Fatalf("nats kv watch:\n%s", out.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a child process writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestSpeedupText(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/cmd/embcache/internal/demo"
 	"github.com/embcache/embcache/events"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -127,10 +128,10 @@ func TestEveryProcessCountsJunk(t *testing.T) {
 
 // startProcess runs the binary with args until the test ends (SIGINT,
 // then wait) and returns its combined output.
-func startProcess(t *testing.T, args ...string) *syncBuffer {
+func startProcess(t *testing.T, args ...string) *syncbuf.Buffer {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func startProcess(t *testing.T, args ...string) *syncBuffer {
 
 // waitOutput waits for a line of out holding prefix and returns what
 // follows it, up to suffix ("" for the rest of the line).
-func waitOutput(t *testing.T, out *syncBuffer, prefix, suffix string) string {
+func waitOutput(t *testing.T, out *syncbuf.Buffer, prefix, suffix string) string {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		sc := bufio.NewScanner(strings.NewReader(out.String()))
@@ -229,12 +230,12 @@ func sample(body, want string) float64 {
 
 // startAgentWithoutNATS starts an agent whose NATS is not there, waiting
 // --wait-store for it, with its output in out.
-func startAgentWithoutNATS(t *testing.T, waitStore string) (*exec.Cmd, *syncBuffer) {
+func startAgentWithoutNATS(t *testing.T, waitStore string) (*exec.Cmd, *syncbuf.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	cmd := exec.Command(binary, "agent", "--nats", "nats://127.0.0.1:1", "--wait-store", waitStore, "--node", "a1",
 		"--shm-dir", filepath.Join(dir, "shm"), "--socket", filepath.Join(dir, "agent.sock"))
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/inspect"
 	"github.com/embcache/embcache/internal/mooncaketest"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
@@ -262,13 +263,13 @@ func (c *mooncakeCluster) natsURL(k int) string { return fmt.Sprintf("nats://127
 // clusterProc is a process of the test, its output kept.
 type clusterProc struct {
 	*exec.Cmd
-	log *syncBuffer
+	log *syncbuf.Buffer
 }
 
 // start runs the binary with args until the test ends.
 func (c *mooncakeCluster) start(name string, args ...string) *clusterProc {
 	c.t.Helper()
-	p := &clusterProc{Cmd: exec.Command(c.bin, args...), log: &syncBuffer{}}
+	p := &clusterProc{Cmd: exec.Command(c.bin, args...), log: &syncbuf.Buffer{}}
 	p.Stdout, p.Stderr = p.log, p.log
 	if err := p.Start(); err != nil {
 		c.t.Fatal(err)
@@ -440,7 +441,7 @@ func (c *mooncakeCluster) workers() []*clusterWorker {
 	ws := make([]*clusterWorker, 3)
 	for k := range 3 {
 		node := fmt.Sprintf("n%d", k+1)
-		p := &clusterProc{Cmd: exec.Command(c.bin, c.workerArgs(k)...), log: &syncBuffer{}}
+		p := &clusterProc{Cmd: exec.Command(c.bin, c.workerArgs(k)...), log: &syncbuf.Buffer{}}
 		p.Stderr = p.log
 		in, err := p.StdinPipe()
 		if err != nil {

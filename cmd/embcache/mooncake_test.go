@@ -16,6 +16,7 @@ import (
 	"github.com/embcache/embcache/cachekey"
 	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/node"
 	"github.com/embcache/embcache/payload"
@@ -34,7 +35,7 @@ func TestServeMooncake(t *testing.T) {
 	}
 	mc := []string{"--payload", "mooncake", "--mooncake-master", "127.0.0.1:50051", "--mooncake-lib", lib, "--mooncake-hostname", "127.0.0.1"}
 	port, _ := embedded.FreePort("127.0.0.1")
-	root, out := newRoot(), &syncBuffer{}
+	root, out := newRoot(), &syncbuf.Buffer{}
 	root.SetOut(out)
 	root.SetErr(out)
 	root.SetArgs(append([]string{"serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -63,7 +64,7 @@ func TestServeTLSAndPassword(t *testing.T) {
 	serve := exec.Command(binary, "serve", "--port", fmt.Sprint(port), "--store-dir", filepath.Join(dir, "js"),
 		"--shm-dir", filepath.Join(dir, "shm"), "--tls-cert", certFile, "--tls-key", keyFile,
 		"--user", "worker", "--password", "s3cret", "--no-reconciler")
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	serve.Stdout, serve.Stderr = out, out
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)

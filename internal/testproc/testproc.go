@@ -8,7 +8,6 @@ package testproc
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/embcache/embcache/internal/syncbuf"
 )
 
 // stopWait is how long a child has to exit once its stdin closes before
@@ -24,7 +25,7 @@ const stopWait = 10 * time.Second
 
 // Proc is a running child process of a test.
 type Proc struct {
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 	exited chan struct{} // closed once it has exited and err is set
 	err    error         // how it exited
 
@@ -51,7 +52,7 @@ func Start(tb testing.TB, test string, env ...string) *Proc {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &Proc{stderr: new(lockedBuffer), exited: make(chan struct{}), changed: make(chan struct{})}
+	p := &Proc{stderr: new(syncbuf.Buffer), exited: make(chan struct{}), changed: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
@@ -97,12 +98,12 @@ func (p *Proc) Line(tb testing.TB, prefix string, timeout time.Duration) string 
 		eof, changed, out := p.eof, p.changed, strings.Join(p.lines, "\n")
 		p.mu.Unlock()
 		if eof {
-			tb.Fatalf("testproc: the child exited without printing %q:\n%s\n%s", prefix, out, p.stderr.tail(3000))
+			tb.Fatalf("testproc: the child exited without printing %q:\n%s\n%s", prefix, out, p.stderr.Tail(3000))
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			tb.Fatalf("testproc: the child printed no %q in %v:\n%s\n%s", prefix, timeout, out, p.stderr.tail(3000))
+			tb.Fatalf("testproc: the child printed no %q in %v:\n%s\n%s", prefix, timeout, out, p.stderr.Tail(3000))
 		}
 	}
 }
@@ -114,10 +115,10 @@ func (p *Proc) Wait(tb testing.TB, timeout time.Duration) {
 	select {
 	case <-p.exited:
 	case <-time.After(timeout):
-		tb.Fatalf("testproc: the child has not exited in %v:\n%s", timeout, p.stderr.tail(3000))
+		tb.Fatalf("testproc: the child has not exited in %v:\n%s", timeout, p.stderr.Tail(3000))
 	}
 	if p.err != nil {
-		tb.Fatalf("testproc: the child: %v\n%s", p.err, p.stderr.tail(3000))
+		tb.Fatalf("testproc: the child: %v\n%s", p.err, p.stderr.Tail(3000))
 	}
 }
 
@@ -133,27 +134,3 @@ func (p *Proc) update(f func()) {
 // StdinClosed returns once the parent has closed the child's stdin: the
 // child's cue to stop.
 func StdinClosed() { io.Copy(io.Discard, os.Stdin) }
-
-// lockedBuffer is a child's stderr: written by exec's copier, read by a
-// failing test while the child may still run.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// tail is the last n bytes written.
-func (b *lockedBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}

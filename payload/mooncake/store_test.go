@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/cachekey"
+	"github.com/embcache/embcache/internal/syncbuf"
 	"github.com/embcache/embcache/payload"
 	"go.uber.org/goleak"
 )
@@ -258,24 +259,6 @@ func TestPutReplacesOtherBytes(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestMasterUnreachableFailsFast: a call the library does not return from
 // within CallTimeout (a master that is down: the real library retries its
 // RPC for seconds) fails then, naming the master, and so does every call
@@ -285,7 +268,7 @@ func (b *syncBuffer) String() string {
 // it answered again; Close waits for the call left running (goleak).
 func TestMasterUnreachableFailsFast(t *testing.T) {
 	ctx := context.Background()
-	var log syncBuffer
+	var log syncbuf.Buffer
 	// A call refused at once takes well under timeout, even on a busy
 	// machine under the race detector; one the library holds takes it.
 	const timeout, fast = time.Second, 500 * time.Millisecond
