@@ -135,8 +135,8 @@ type resolution struct {
 	c             *Cache
 	b             *lease.Bucket
 	ref           Ref
-	key           string
-	fn            ComputeFunc
+	key           string        // ref.KVKey()
+	fn            ComputeFunc   // computes ref's value when this process must
 	invalidations int64         // c.invalidationsHeard(ref) before the first read
 	w             waiter        // the wait for a computing record's change
 	heard         *lease.Change // a change the wait heard, taken instead of a read
@@ -189,6 +189,8 @@ func (r *resolution) step(ctx context.Context, attempt int) outcome {
 		r.w.stop()
 		return answer(c.labelConflict(ctx, r.ref, r.fn, cur.Record))
 	}
+	// A free key or a committed value ends the wait: its changes are no
+	// longer needed.
 	switch {
 	case !cur.Live:
 		r.w.stop()
@@ -247,9 +249,10 @@ func (r *resolution) reserve(ctx context.Context, attempt int) outcome {
 
 // committed pulls a committed record's value. A payload that cannot be
 // read (missing, corrupt) has its record purged, so that the key is
-// computed again, up to the fourth try.
+// computed again; from resolve's fourth turn on (attempt counts every
+// turn, waits included) the caller computes without sharing instead.
 func (r *resolution) committed(ctx context.Context, cur lease.Entry, attempt int) outcome {
-	c, ref, fn := r.c, r.ref, r.fn
+	c, ref, fn := r.c, r.ref, r.fn // read in most of its branches
 	v, err := c.pull(ctx, r.b, ref, cur)
 	if err != nil && ctx.Err() != nil {
 		// The request ended (Close, the compute timeout): a pull cut short
