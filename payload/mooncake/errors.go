@@ -44,8 +44,10 @@ type CodeError struct {
 	Code int64
 }
 
+// Error names the call, its code and what the code means.
 func (e *CodeError) Error() string { return "mooncake: " + e.detail() }
 
+// detail is the error without the package prefix.
 func (e *CodeError) detail() string {
 	return fmt.Sprintf("%s returned %d (%s)", e.Op, e.Code, codeName(e.Code))
 }
