@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/payload"
 	"github.com/embcache/embcache/payload/httppull"
 	"github.com/embcache/embcache/payload/shm"
@@ -247,5 +249,63 @@ func TestWaitFlightWaitsForTheFlightOfItsKey(t *testing.T) {
 	sameValue(t, v, 1)
 	if s := c.Stats(); s.LocalHits != 1 || cnt.n[1].Load() != 1 {
 		t.Fatalf("local hits %d, computes %d", s.LocalHits, cnt.n[1].Load())
+	}
+}
+
+// failingGets fails every Get with err.
+type failingGets struct {
+	*payload.MemoryStore
+	err error
+}
+
+func (f failingGets) Get(context.Context, payload.Location) (*payload.Value, error) {
+	return nil, f.err
+}
+
+// A reader that cannot reach the payload store at all (a Mooncake master
+// that does not answer it) computes without sharing and leaves the
+// committed record to the processes that reach the store; a payload the
+// store cannot deliver (a failed transfer: its holder gone) has its
+// record purged, so that the key is computed again and shared.
+// (docs/protocol.md 3, rule 5.)
+func TestAStoreThisProcessCannotReachKeepsTheRecord(t *testing.T) {
+	srv := startServer(t)
+	store := payload.NewMemoryStore("test-node", 0)
+	writer := newCache(t, srv.ClientURL(), store)
+	ctx := context.Background()
+	unreachable := fmt.Errorf("test: master down: %w (%w)", payload.ErrStoreUnreachable, payload.ErrUnavailable)
+	for i, tc := range []struct {
+		err   error
+		mode  Mode
+		stays bool
+	}{
+		{unreachable, ModeDegrade, true},
+		// The bucket answers: strict, which is about the bucket, computes too.
+		{unreachable, ModeStrict, true},
+		{fmt.Errorf("test: transfer failed: %w", payload.ErrUnavailable), ModeDegrade, false},
+	} {
+		var cnt counter
+		if _, err := writer.GetOrCompute(ctx, "w", ref(i), cnt.fn(i)); err != nil {
+			t.Fatal(err)
+		}
+		writer.Release("w")
+		reader := newCache(t, srv.ClientURL(), failingGets{store, tc.err}, WithMode(tc.mode))
+		v, err := reader.GetOrCompute(ctx, "r", ref(i), cnt.fn(i))
+		if err != nil {
+			t.Fatalf("%v, %v: %v", tc.err, tc.mode, err)
+		}
+		sameValue(t, v, i)
+		reader.Release("r")
+		if n := cnt.n[i].Load(); n != 2 {
+			t.Fatalf("%v: computed %d times, want 2 (the writer, then the reader)", tc.err, n)
+		}
+		cur, err := reader.bucket().Read(ctx, ref(i).KVKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed := cur.Live && cur.Record.State == lease.StateCommitted && cur.Record.Owner == writer.owner
+		if committed != tc.stays {
+			t.Fatalf("%v: the writer's committed record stayed: %v, want %v (record %+v)", tc.err, committed, tc.stays, cur)
+		}
 	}
 }

@@ -283,11 +283,16 @@ func (r *resolution) committed(ctx context.Context, cur lease.Entry, attempt int
 		}
 		return answer(v, PathRemoteHit, nil)
 	}
-	if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) || errors.Is(err, payload.ErrUntrusted) {
+	if errors.Is(err, ErrNoTransport) || errors.Is(err, payload.ErrInvalidLocation) || errors.Is(err, payload.ErrUntrusted) ||
+		errors.Is(err, payload.ErrStoreUnreachable) {
 		// Readable where it was written, not here (no transport for it,
-		// another node's shm, a pull server this node does not trust): not
-		// corrupt, so the record stays for those who can read it.
-		return answer(c.degraded(ctx, ref, fn, err))
+		// another node's shm, a pull server this node does not trust, a
+		// store this process cannot reach at all): not corrupt, so the
+		// record stays for those who can read it. The bucket answered:
+		// no outage of the store ModeStrict is about, so the caller's
+		// value is computed here, unshared, in either mode.
+		c.obs.degraded()
+		return answer(c.computeUnshared(ctx, ref, fn))
 	}
 	if attempt >= 3 {
 		return answer(c.degraded(ctx, ref, fn, err))

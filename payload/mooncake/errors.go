@@ -31,7 +31,7 @@ var (
 	// answer: by the call that found it so (an RPC failure, or no answer
 	// within Config.CallTimeout), and at once by every call after it until
 	// a probe of the master is answered again. It comes with
-	// payload.ErrUnavailable.
+	// payload.ErrStoreUnreachable and payload.ErrUnavailable.
 	ErrMasterUnreachable = errors.New("mooncake: master unreachable")
 )
 
@@ -112,7 +112,7 @@ func (e *masterError) Error() string {
 }
 
 func (e *masterError) Unwrap() []error {
-	return []error{ErrMasterUnreachable, payload.ErrUnavailable, e.cause}
+	return []error{ErrMasterUnreachable, payload.ErrStoreUnreachable, payload.ErrUnavailable, e.cause}
 }
 
 // timeoutError is a call that did not return within its time.

@@ -155,6 +155,12 @@ func TestErrorCodesMap(t *testing.T) {
 				(down && !strings.Contains(err.Error(), "master 127.0.0.1:50051 unreachable")) {
 				t.Fatalf("%v: ErrMasterUnreachable %v, want %v, naming the master", err, errors.Is(err, ErrMasterUnreachable), down)
 			}
+			// Only a master that does not answer says nothing of the
+			// object (its readers keep its record); a failed transfer
+			// (-800: the holder gone) is the object's.
+			if down := tc.code == -900 || tc.code == -901; errors.Is(err, payload.ErrStoreUnreachable) != down {
+				t.Fatalf("%v: payload.ErrStoreUnreachable %v, want %v", err, errors.Is(err, payload.ErrStoreUnreachable), down)
+			}
 		})
 	}
 }
