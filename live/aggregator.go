@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -142,9 +143,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	defer sub.Unsubscribe()
 	if a.leases {
-		subject := "embcache.stored.>"
+		subject := lease.StoredWildcard
 		if a.tenant != "" {
-			subject = "embcache.stored.*." + a.tenant + ".>"
+			subject = lease.StoredTenantWildcard(a.tenant)
 		}
 		ls, err := a.nc.Subscribe(subject, a.receiveStored)
 		if err != nil {
@@ -152,7 +153,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		}
 		defer ls.Unsubscribe()
 		if a.tenant != "" { // the election record is no tenant's
-			es, err := a.nc.Subscribe("embcache.stored.*."+electionKey, a.receiveStored)
+			es, err := a.nc.Subscribe(lease.StoredKeysWildcard(electionKey), a.receiveStored)
 			if err != nil {
 				return err
 			}

@@ -46,7 +46,7 @@ func (a *Aggregator) receiveStored(m *nats.Msg) {
 		}
 		return
 	}
-	if strings.Contains(key, ".inv.") {
+	if lease.IsTombstoneKey(key) {
 		return // a tombstone: never computing
 	}
 	old := a.computing[key]
