@@ -27,14 +27,16 @@ type Aggregator struct {
 	lag       bool          // ask the reconciler's consumer for its lag
 	lagPoller *lagPoller
 
-	mu        sync.Mutex
-	procs     map[string]*proc  // by subject; guarded by mu
-	computing map[string]*held  // by key; guarded by mu
-	election  *held             // the reconciler's election record; guarded by mu
-	lagSeen   Reconciler        // the lag's last answer; guarded by mu
-	history   []Point           // guarded by mu
-	dropped   map[string]uint64 // guarded by mu
-	received  atomic.Uint64
+	mu         sync.Mutex
+	procs      map[string]*proc  // by subject; guarded by mu
+	computing  map[string]*held  // by key; guarded by mu
+	ended      map[string]ended  // by key: what ended the leases ended lately; guarded by mu
+	longestTTL time.Duration     // the longest lease TTL heard; guarded by mu
+	election   *held             // the reconciler's election record; guarded by mu
+	lagSeen    Reconciler        // the lag's last answer; guarded by mu
+	history    []Point           // guarded by mu
+	dropped    map[string]uint64 // guarded by mu
+	received   atomic.Uint64
 }
 
 // proc is one process: its last summary and the rates up to it.
@@ -117,7 +119,7 @@ func NewAggregator(nc *nats.Conn, opts ...AggregatorOption) (*Aggregator, error)
 		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
 	}
 	a := &Aggregator{nc: nc, clock: systemClock{}, forget: 3, sample: time.Second, keep: 300,
-		procs: map[string]*proc{}, computing: map[string]*held{}, dropped: map[string]uint64{}}
+		procs: map[string]*proc{}, computing: map[string]*held{}, ended: map[string]ended{}, dropped: map[string]uint64{}}
 	for _, opt := range opts {
 		if err := opt(a); err != nil {
 			return nil, err
@@ -241,8 +243,8 @@ func (a *Aggregator) Sample() {
 	}
 }
 
-// expireLocked forgets processes silent for their forget intervals, and
-// leases past their TTL.
+// expireLocked forgets processes silent for their forget intervals,
+// leases past their TTL, and ended leases no late record can bring back.
 func (a *Aggregator) expireLocked(now time.Time) {
 	for subject, p := range a.procs {
 		if now.Sub(p.heard) > time.Duration(a.forget)*time.Duration(p.last.Every)*time.Millisecond {
@@ -252,6 +254,11 @@ func (a *Aggregator) expireLocked(now time.Time) {
 	for key, l := range a.computing {
 		if l.expired(now) {
 			delete(a.computing, key)
+		}
+	}
+	for key, e := range a.ended {
+		if e.outlived(now, a.longestTTL) {
+			delete(a.ended, key)
 		}
 	}
 }
