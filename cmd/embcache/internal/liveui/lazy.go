@@ -98,15 +98,24 @@ func (l *Lazy) run(ctx context.Context) {
 			l.stopped() // it failed: the next View starts another
 			return
 		case <-t.C:
-			l.mu.Lock()
-			idle := l.clock.Now().Sub(l.lastUse) > l.idle
-			l.mu.Unlock()
-			if idle {
-				l.stopped()
+			if l.stopIfIdle() {
 				return
 			}
 		}
 	}
+}
+
+// stopIfIdle says that the run's Aggregator no longer runs if it has not
+// been looked at for idle, and reports whether it did: decided under the
+// lock a View takes, so that no View that would keep it comes between.
+func (l *Lazy) stopIfIdle() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clock.Now().Sub(l.lastUse) <= l.idle {
+		return false
+	}
+	l.running, l.agg = false, nil
+	return true
 }
 
 // stopped says that the run's Aggregator no longer runs (or never
