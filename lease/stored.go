@@ -12,6 +12,17 @@ import (
 // the leases computing now subscribes to.
 const StoredWildcard = storedPrefix + ">"
 
+// StoredKeysWildcard matches the changes every shard's stream republishes
+// of keys, a bucket key or a subject wildcard of keys ("acme.>"):
+// embcache.stored.*.<keys>.
+func StoredKeysWildcard(keys string) string { return storedPrefix + "*." + keys }
+
+// StoredTenantWildcard matches the changes every shard's stream
+// republishes of one tenant's keys (its values', ValueKey, and its
+// tombstones', TombstoneKey): what a view of that tenant's leases
+// subscribes to.
+func StoredTenantWildcard(tenant string) string { return StoredKeysWildcard(tenant + ".>") }
+
 // DecodeStored reads a message a shard's stream republished: the key it
 // is about and the key's state as stored (a record that does not decode
 // is a Change whose Err wraps ErrBadRecord). ok is false for a message

@@ -1,7 +1,6 @@
 package live
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/embcache/embcache/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -26,17 +26,21 @@ type Aggregator struct {
 	lag       bool          // ask the reconciler's consumer for its lag
 	lagPoller *lagPoller
 
-	mu        sync.Mutex
-	procs     map[string]*proc  // by subject; guarded by mu
-	computing map[string]*held  // by key; guarded by mu
-	election  *held             // the reconciler's election record; guarded by mu
-	lagSeen   Reconciler        // the lag's last answer; guarded by mu
-	history   []Point           // guarded by mu
-	dropped   map[string]uint64 // guarded by mu
-	received  atomic.Uint64
+	mu         sync.Mutex
+	procs      map[string]*proc  // by subject; guarded by mu
+	computing  map[string]*held  // by key; guarded by mu
+	ended      map[string]ended  // by key: what ended the leases ended lately; guarded by mu
+	longestTTL time.Duration     // the longest lease TTL heard; guarded by mu
+	election   *held             // the reconciler's election record; guarded by mu
+	lagSeen    Reconciler        // the lag's last answer; guarded by mu
+	history    []Point           // guarded by mu
+	dropped    map[string]uint64 // guarded by mu
+	received   atomic.Uint64
 }
 
-// proc is one process: its last summary and the rates up to it.
+// proc is one process: its last summary and the rates up to it. Receive
+// replaces a process's proc with a new one, and never changes a proc or
+// what it holds once stored: a snapshot keeps pointers to them.
 type proc struct {
 	last  *Summary
 	heard time.Time // by the Aggregator's clock
@@ -116,7 +120,7 @@ func NewAggregator(nc *nats.Conn, opts ...AggregatorOption) (*Aggregator, error)
 		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
 	}
 	a := &Aggregator{nc: nc, clock: systemClock{}, forget: 3, sample: time.Second, keep: 300,
-		procs: map[string]*proc{}, computing: map[string]*held{}, dropped: map[string]uint64{}}
+		procs: map[string]*proc{}, computing: map[string]*held{}, ended: map[string]ended{}, dropped: map[string]uint64{}}
 	for _, opt := range opts {
 		if err := opt(a); err != nil {
 			return nil, err
@@ -142,9 +146,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 	defer sub.Unsubscribe()
 	if a.leases {
-		subject := "embcache.stored.>"
+		subject := lease.StoredWildcard
 		if a.tenant != "" {
-			subject = "embcache.stored.*." + a.tenant + ".>"
+			subject = lease.StoredTenantWildcard(a.tenant)
 		}
 		ls, err := a.nc.Subscribe(subject, a.receiveStored)
 		if err != nil {
@@ -152,7 +156,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		}
 		defer ls.Unsubscribe()
 		if a.tenant != "" { // the election record is no tenant's
-			es, err := a.nc.Subscribe("embcache.stored.*."+electionKey, a.receiveStored)
+			es, err := a.nc.Subscribe(lease.StoredKeysWildcard(electionKey), a.receiveStored)
 			if err != nil {
 				return err
 			}
@@ -199,25 +203,24 @@ func (a *Aggregator) Receive(subject string, body []byte) {
 		a.dropped[reason]++
 		return
 	}
-	p := a.procs[subject]
+	old := a.procs[subject]
+	var p proc
 	switch {
-	case p == nil && len(a.procs) >= MaxProcesses:
+	case old == nil && len(a.procs) >= MaxProcesses:
 		a.dropped["full"]++
 		return
-	case p == nil:
-		p = &proc{first: s.Seq}
-		a.procs[subject] = p
-		p.rates = ratesSinceStart(s)
-	case s.Start != p.last.Start:
-		// The same id started again: its counters start from zero.
-		*p = proc{first: s.Seq, rates: ratesSinceStart(s)}
-	case s.Seq <= p.last.Seq:
+	case old == nil, s.Start != old.last.Start:
+		// New, or the same id started again: its counters start from zero.
+		p = proc{first: s.Seq, rates: ratesSinceStart(s)}
+	case s.Seq <= old.last.Seq:
 		return // late or twice: the newer one is kept
 	default:
-		p.rates = ratesBetween(p.last, s)
+		p = *old
+		p.rates = ratesBetween(old.last, s)
 	}
 	p.last, p.heard = s, now
 	p.seen++
+	a.procs[subject] = &p
 }
 
 // MaxProcesses bounds the processes an Aggregator follows: a summary of
@@ -226,13 +229,19 @@ func (a *Aggregator) Receive(subject string, body []byte) {
 const MaxProcesses = 100_000
 
 // Sample forgets the processes and leases not heard from in time, and
-// adds a point to the history.
+// adds a point to the history. The totals are summed outside the lock,
+// as View's are.
 func (a *Aggregator) Sample() {
 	now := a.clock.Now()
 	a.mu.Lock()
+	s := a.snapshotLocked(now, false)
+	a.mu.Unlock()
+	t := totalsOf(rowsOf(s.procs))
+	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.expireLocked(now)
-	t := a.totalsLocked()
+	if n := len(a.history); n > 0 && a.history[n-1].Time.After(now) {
+		return // a Sample taken later has added its point meanwhile
+	}
 	a.history = append(a.history, Point{Time: now, Total: t.Rates.Total, Saved: t.Rates.Saved,
 		Forwards: t.Rates.Forwards, HitRatio: t.Rates.HitRatio})
 	if len(a.history) > a.keep {
@@ -240,75 +249,36 @@ func (a *Aggregator) Sample() {
 	}
 }
 
-// expireLocked forgets processes silent for their forget intervals, and
-// leases past their TTL.
-func (a *Aggregator) expireLocked(now time.Time) {
-	for subject, p := range a.procs {
-		if now.Sub(p.heard) > time.Duration(a.forget)*time.Duration(p.last.Every)*time.Millisecond {
-			delete(a.procs, subject)
-		}
-	}
+// silent reports whether p has been silent at now for forget of its
+// intervals: it is forgotten.
+func (p *proc) silent(now time.Time, forget int) bool {
+	return now.Sub(p.heard) > time.Duration(forget)*time.Duration(p.last.Every)*time.Millisecond
+}
+
+// expireLeasesLocked forgets leases past their TTL, and ended leases no
+// late record can bring back.
+func (a *Aggregator) expireLeasesLocked(now time.Time) {
 	for key, l := range a.computing {
 		if l.expired(now) {
 			delete(a.computing, key)
 		}
 	}
+	for key, e := range a.ended {
+		if e.outlived(now, a.longestTTL) {
+			delete(a.ended, key)
+		}
+	}
 }
 
-// View returns the cluster as heard now.
+// View returns the cluster as heard now. It holds the Aggregator's lock
+// only to copy what it is made of (snapshotLocked): Receive, the NATS
+// handler, does not wait while it is built.
 func (a *Aggregator) View() View {
 	now := a.clock.Now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.expireLocked(now)
-	v := View{Time: now, Totals: a.totalsLocked(), Received: a.received.Load(), Leases: []Lease{},
-		History: slices.Clone(a.history)}
-	if len(a.dropped) > 0 {
-		v.Dropped = map[string]uint64{}
-		for k, n := range a.dropped {
-			v.Dropped[k] = n
-		}
-	}
-	v.Processes = make([]Process, 0, len(a.procs))
-	for _, p := range a.procs {
-		v.Processes = append(v.Processes, p.view())
-	}
-	slices.SortFunc(v.Processes, func(x, y Process) int {
-		return cmp.Or(cmp.Compare(x.Node, y.Node), cmp.Compare(x.Role, y.Role), cmp.Compare(x.ID, y.ID))
-	})
-	for key, l := range a.computing {
-		v.Leases = append(v.Leases, l.view(key, now))
-	}
-	slices.SortFunc(v.Leases, func(x, y Lease) int {
-		return cmp.Or(x.Started.Compare(y.Started), cmp.Compare(x.Key, y.Key))
-	})
-	if a.leases || a.lag {
-		r := a.lagSeen
-		if e := a.election; e != nil && !e.expired(now) {
-			r.Owner, r.Node, r.Heartbeat = e.rec.Owner, holderOf(e.rec.Owner), e.rec.Heartbeat
-		}
-		v.Reconciler = &r
-	}
-	return v
-}
-
-// totalsLocked sums the processes.
-func (a *Aggregator) totalsLocked() Totals {
-	t := Totals{Counters: newCounters(), Rates: newRates()}
-	for _, p := range a.procs {
-		pv := p.view()
-		t.Processes++
-		if pv.Degraded {
-			t.Degraded++
-		}
-		t.Held += pv.Held
-		t.Pinned += pv.Pinned
-		t.Counters.add(pv.Counters)
-		t.Rates.add(pv.Rates)
-	}
-	t.Rates.HitRatio = ratio(t.Rates.Saved, t.Rates.Total)
-	t.HitRatio = ratio(float64(t.Counters.Saved), float64(t.Counters.Total))
-	return t
+	s := a.snapshotLocked(now, true)
+	a.mu.Unlock()
+	return s.view(a.leases || a.lag, a.received.Load())
 }
 
 // view is p as a View's row.

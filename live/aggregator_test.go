@@ -156,6 +156,54 @@ func TestJunkIsDroppedAndCounted(t *testing.T) {
 	}
 }
 
+// TestViewsWhileReceiving: Views and Samples are built from what they
+// copied under the lock while Receive goes on replacing it (go test
+// -race says whether a View reads what Receive writes).
+func TestViewsWhileReceiving(t *testing.T) {
+	clock := newFakeClock()
+	a := newTestAggregator(t, clock)
+	feeds := []*feed{newFeed(t, a, clock, "n1", "a"), newFeed(t, a, clock, "n2", "b")}
+	for _, f := range feeds {
+		f.send(map[string]uint64{"local-hit": 1}, 0)
+	}
+	// The next 200 summaries of each, encoded here (a test's goroutine
+	// may fail it), received on another.
+	type msg struct {
+		subject string
+		body    []byte
+	}
+	var msgs []msg
+	for i := range uint64(200) {
+		for _, f := range feeds {
+			f.s.Seq++
+			f.s.Time = clock.Now().UnixNano()
+			f.s.Requests, f.s.Forwards = map[string]uint64{"local-hit": i + 2, "computed": i}, i
+			body, err := Encode(&f.s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, msg{Subject(f.s.Tenant, f.s.Node, f.s.ID), body})
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, m := range msgs {
+			a.Receive(m.subject, m.body)
+		}
+	}()
+	for range 50 {
+		a.Sample()
+		if v := a.View(); v.Totals.Processes != 2 || v.Totals.Counters.Total < 2 {
+			t.Fatalf("%+v", v.Totals)
+		}
+	}
+	<-done
+	if c := a.View().Totals.Counters; c.Requests["local-hit"] != 2*201 || c.Forwards != 2*199 {
+		t.Fatalf("after the last summaries: %+v", c)
+	}
+}
+
 // TestPublisherToAggregator: a real server; what the Aggregator shows is
 // the sum of what the sources counted.
 func TestPublisherToAggregator(t *testing.T) {
@@ -284,9 +332,9 @@ func BenchmarkReceive(b *testing.B) {
 	}
 }
 
-// BenchmarkView is a view of 8000 processes: what top and the page ask
-// for once a second.
-func BenchmarkView(b *testing.B) {
+// heardOf is an Aggregator that has heard n processes, and the subjects
+// and bodies of their last summaries.
+func heardOf(b *testing.B, n int) (*Aggregator, []string, [][]byte) {
 	clock := newFakeClock()
 	a, err := NewAggregator(&nats.Conn{}, WithAggregatorClock(clock))
 	if err != nil {
@@ -294,14 +342,111 @@ func BenchmarkView(b *testing.B) {
 	}
 	s := *sample()
 	s.Time = clock.Now().UnixNano()
-	for i := range 8000 {
+	subjects, bodies := make([]string, n), make([][]byte, n)
+	for i := range n {
 		s.Node, s.ID = fmt.Sprintf("gpu-%d", i/8), fmt.Sprintf("%016x", i)
-		body, _ := Encode(&s)
-		a.Receive(Subject("", s.Node, s.ID), body)
+		subjects[i] = Subject("", s.Node, s.ID)
+		bodies[i], _ = Encode(&s)
+		a.Receive(subjects[i], bodies[i])
 	}
+	return a, subjects, bodies
+}
+
+// BenchmarkView is a view of 8000 processes: what top and the page ask
+// for once a second.
+func BenchmarkView(b *testing.B) {
+	a, _, _ := heardOf(b, 8000)
 	for b.Loop() {
 		if len(a.View().Processes) != 8000 {
 			b.Fatal("processes")
 		}
+	}
+}
+
+// viewUnderLock is View as it was: the whole view built under the
+// Aggregator's lock. The benchmarks below compare View with it.
+func (a *Aggregator) viewUnderLock() View {
+	now := a.clock.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.snapshotLocked(now, true)
+	return s.view(a.leases || a.lag, a.received.Load())
+}
+
+// BenchmarkViewLockHold is how long a view of 8000 processes holds the
+// Aggregator's lock (hold-ms/op), which Receive, the NATS handler, waits
+// for: the whole build under it (as View was), or the copy (as View is).
+func BenchmarkViewLockHold(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		view func(a *Aggregator) time.Duration // the hold
+	}{
+		{"build-under-lock", func(a *Aggregator) time.Duration {
+			start := time.Now()
+			a.mu.Lock()
+			s := a.snapshotLocked(a.clock.Now(), true)
+			s.view(false, 0)
+			a.mu.Unlock()
+			return time.Since(start)
+		}},
+		{"copy-under-lock", func(a *Aggregator) time.Duration {
+			start := time.Now()
+			a.mu.Lock()
+			s := a.snapshotLocked(a.clock.Now(), true)
+			a.mu.Unlock()
+			held := time.Since(start)
+			s.view(false, 0)
+			return held
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			a, _, _ := heardOf(b, 8000)
+			var held time.Duration
+			n := 0
+			for b.Loop() {
+				held += c.view(a)
+				n++
+			}
+			b.ReportMetric(float64(held.Microseconds())/1000/float64(n), "hold-ms/op")
+		})
+	}
+}
+
+// BenchmarkReceiveWhileViewing is Receive over 8000 processes while
+// another goroutine makes views without pause: its longest wait
+// (max-ms) is the longest the lock was held, with the whole build under
+// it (viewUnderLock) or only the copy (View).
+func BenchmarkReceiveWhileViewing(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		view func(a *Aggregator) View
+	}{
+		{"build-under-lock", (*Aggregator).viewUnderLock},
+		{"copy-under-lock", (*Aggregator).View},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			a, subjects, bodies := heardOf(b, 8000)
+			stop, stopped := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(stopped)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						c.view(a)
+					}
+				}
+			}()
+			var longest time.Duration
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				a.Receive(subjects[i%len(subjects)], bodies[i%len(bodies)])
+				longest = max(longest, time.Since(start))
+			}
+			close(stop)
+			<-stopped
+			b.ReportMetric(float64(longest.Microseconds())/1000, "max-ms")
+		})
 	}
 }

@@ -7,7 +7,7 @@
 // path, hit ratio, encoder forwards and forwards saved, bytes by
 // transport, the processes that are degraded. Beside the summaries it
 // follows the leases computing now (from what the lease bucket's streams
-// republish, embcache.stored.>) and the active reconciler and its lag
+// republish, lease.StoredWildcard) and the active reconciler and its lag
 // (from the event stream's durable consumer), so that no process does
 // more than publish its summary.
 //

@@ -21,6 +21,22 @@ const electionKey = reconciler.ElectionKey
 // soon after.
 const expiryMargin = time.Second
 
+// defaultLeaseTTL is taken as the lease TTL of a computing record without
+// a TTL header: the coordinator's default.
+const defaultLeaseTTL = 5 * time.Second
+
+// ended is what last ended a key's lease: a commit, delete, purge or
+// expiry marker, or a record that does not decode, at rev. A computing
+// record of the key at or below rev heard afterwards is an earlier state
+// heard late (a new stream leader republishes what it applies of its
+// predecessor's entries) and does not bring the lease back. It is kept
+// until any such record would have expired: stored no later than it,
+// within the longest lease TTL heard.
+type ended struct {
+	rev   uint64
+	stamp time.Time // when stored, by the server (or heard, if unknown)
+}
+
 // held is a computing record as last stored.
 type held struct {
 	rec      lease.Record
@@ -46,7 +62,7 @@ func (a *Aggregator) receiveStored(m *nats.Msg) {
 		}
 		return
 	}
-	if strings.Contains(key, ".inv.") {
+	if lease.IsTombstoneKey(key) {
 		return // a tombstone: never computing
 	}
 	old := a.computing[key]
@@ -55,9 +71,30 @@ func (a *Aggregator) receiveStored(m *nats.Msg) {
 	}
 	if !computing {
 		delete(a.computing, key) // committed, abandoned, expired, or unreadable
+		if e, ok := a.ended[key]; c.Entry.Rev != 0 && (!ok || c.Entry.Rev > e.rev) {
+			stamp := c.Entry.Stamp
+			if stamp.IsZero() {
+				stamp = now
+			}
+			a.ended[key] = ended{rev: c.Entry.Rev, stamp: stamp}
+		}
 		return
 	}
-	a.computing[key] = newLease(c.Entry, now, old)
+	if e, ok := a.ended[key]; ok {
+		if c.Entry.Rev != 0 && c.Entry.Rev <= e.rev {
+			return // late: the lease has ended since
+		}
+		delete(a.ended, key) // the lease's own revision guards it now
+	}
+	l := newLease(c.Entry, now, old)
+	a.longestTTL = max(a.longestTTL, l.ttl)
+	a.computing[key] = l
+}
+
+// outlived reports whether every computing record stored no later than e
+// has outlived its TTL at now, if none is longer than longestTTL.
+func (e ended) outlived(now time.Time, longestTTL time.Duration) bool {
+	return now.After(e.stamp.Add(max(longestTTL, defaultLeaseTTL) + expiryMargin))
 }
 
 // newLease is the lease e stores; old is what was known of the key.
@@ -80,7 +117,7 @@ func newLease(e lease.Entry, heard time.Time, old *held) *held {
 func (l *held) expired(now time.Time) bool {
 	ttl := l.ttl
 	if ttl <= 0 {
-		ttl = 5 * time.Second // no TTL header: the default lease TTL
+		ttl = defaultLeaseTTL // no TTL header
 	}
 	return now.After(l.stamp.Add(ttl + expiryMargin))
 }

@@ -13,15 +13,9 @@ func newRates() Rates {
 // countersOf are s's counters.
 func countersOf(s *Summary) Counters {
 	c := newCounters()
-	for k, n := range s.Requests {
-		c.Requests[k] = n
-	}
-	for k, n := range s.Pulled {
-		c.Pulled[k] = n
-	}
-	for k, n := range s.Written {
-		c.Written[k] = n
-	}
+	addInto(c.Requests, s.Requests)
+	addInto(c.Pulled, s.Pulled)
+	addInto(c.Written, s.Written)
 	c.Total, c.Saved, c.Forwards = s.Total(), s.Saved(), s.Forwards
 	c.Degraded, c.Lost, c.PayloadErrors = s.Degraded, s.Lost, s.PayloadErrors
 	return c
@@ -29,15 +23,9 @@ func countersOf(s *Summary) Counters {
 
 // add adds o's counts to c.
 func (c *Counters) add(o Counters) {
-	for k, n := range o.Requests {
-		c.Requests[k] += n
-	}
-	for k, n := range o.Pulled {
-		c.Pulled[k] += n
-	}
-	for k, n := range o.Written {
-		c.Written[k] += n
-	}
+	addInto(c.Requests, o.Requests)
+	addInto(c.Pulled, o.Pulled)
+	addInto(c.Written, o.Written)
 	c.Total += o.Total
 	c.Saved += o.Saved
 	c.Forwards += o.Forwards
@@ -48,19 +36,20 @@ func (c *Counters) add(o Counters) {
 
 // add adds o's rates to r (HitRatio aside: the sum's is computed from it).
 func (r *Rates) add(o Rates) {
-	for k, n := range o.Requests {
-		r.Requests[k] += n
-	}
-	for k, n := range o.Pulled {
-		r.Pulled[k] += n
-	}
-	for k, n := range o.Written {
-		r.Written[k] += n
-	}
+	addInto(r.Requests, o.Requests)
+	addInto(r.Pulled, o.Pulled)
+	addInto(r.Written, o.Written)
 	r.Total += o.Total
 	r.Saved += o.Saved
 	r.Forwards += o.Forwards
 	r.Degraded += o.Degraded
+}
+
+// addInto adds src's counts or rates to dst's, key by key.
+func addInto[N uint64 | float64](dst, src map[string]N) {
+	for k, n := range src {
+		dst[k] += n
+	}
 }
 
 // delta is how much a counter grew from before to now. A counter that

@@ -83,11 +83,11 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 	if o.LeaseTTL <= 0 || o.StoreTTL <= 0 {
 		return nil, usagef("--lease-ttl %v, --store-ttl %v: each must be above 0", o.LeaseTTL, o.StoreTTL)
 	}
-	conn, err := f.conn.options()
+	conn, err := f.natsOptions()
 	if err != nil {
 		return nil, err
 	}
-	o.NATSURL, o.NATSOptions = f.conn.url, append(append([]nats.Option(nil), f.nats...), conn...)
+	o.NATSURL, o.NATSOptions = f.conn.url, conn
 	o.Logger, o.Cache, o.Version = logger, extra, version
 	if tel != nil {
 		o.MeterProvider = tel.Meters
@@ -103,6 +103,29 @@ func (f *nodeFlags) start(ctx context.Context, logger *slog.Logger, tel *exporte
 		return nil, nodeError(err)
 	}
 	return n, nil
+}
+
+// natsOptions are the options the node connects to NATS with: the
+// flags' credentials and TLS, and the embedded server's TLS (serve's).
+func (f *nodeFlags) natsOptions() ([]nats.Option, error) {
+	conn, err := f.conn.options()
+	if err != nil {
+		return nil, err
+	}
+	return append(append([]nats.Option(nil), f.nats...), conn...), nil
+}
+
+// dial opens a connection of its own to the node's NATS, with the URL,
+// credentials and TLS the node connects with, named name: for what
+// should not queue on the node's connection (serve's page follows every
+// lease write of the cluster). It fails, rather than retries, if no
+// server answers. The caller closes it.
+func (f *nodeFlags) dial(name string) (*nats.Conn, error) {
+	opts, err := f.natsOptions()
+	if err != nil {
+		return nil, err
+	}
+	return coordinator.Connect(f.conn.url, coordinator.ModeStrict, append(opts, nats.Name(name))...)
 }
 
 // printPayloadAddr tells w where the node serves pulls, if it does.

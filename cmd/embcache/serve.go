@@ -110,7 +110,8 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		return err
 	}
 	printPayloadAddr(out, "serve", n)
-	ui := serveLiveView(tel, n.Conn(), out)
+	ui := serveLiveView(tel, func() (*nats.Conn, error) { return c.nf.dial("embcache serve page") },
+		n.Conn().ConnectedUrlRedacted(), out)
 	if !c.noReconciler {
 		fmt.Fprintln(out, "embcache serve: reconciler campaigning")
 	}
@@ -119,7 +120,7 @@ func runServe(ctx context.Context, c *serveConfig, cmd *cobra.Command) error {
 		<-ctx.Done()
 	}
 	if ui != nil {
-		ui.Close() // before its connection
+		ui.Close() // it closes its connection, before the server stops
 	}
 	err = n.Close()
 	if srv != nil {

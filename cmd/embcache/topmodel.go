@@ -29,7 +29,7 @@ func hitRatio(r live.Rates) float64 {
 
 var topColumns = []topColumn{
 	{"NODE", 16, func(p *live.Process) string { return p.Node }, func(a, b *live.Process) int { return cmp.Compare(a.Node, b.Node) }},
-	{"ROLE", 7, func(p *live.Process) string { return p.Role }, func(a, b *live.Process) int { return cmp.Compare(a.Role, b.Role) }},
+	{"ROLE", 14, roleCell, func(a, b *live.Process) int { return cmp.Compare(roleCell(a), roleCell(b)) }},
 	{"PID", 8, func(p *live.Process) string { return fmt.Sprint(p.PID) }, func(a, b *live.Process) int { return cmp.Compare(a.PID, b.PID) }},
 	{"REQ/S", 8, func(p *live.Process) string { return fmt.Sprintf("%.1f", p.Rates.Total) },
 		func(a, b *live.Process) int { return cmp.Compare(a.Rates.Total, b.Rates.Total) }},
@@ -46,6 +46,16 @@ var topColumns = []topColumn{
 	{"PINNED", 9, func(p *live.Process) string { return bytesText(float64(p.Pinned)) },
 		func(a, b *live.Process) int { return cmp.Compare(a.Pinned, b.Pinned) }},
 	{"STATE", 0, processState, func(a, b *live.Process) int { return cmp.Compare(processState(a), processState(b)) }},
+}
+
+// roleCell is p's role, and the tenant it serves if it serves only one
+// (worker/acme): the single-account layout's workers of one node differ
+// by it.
+func roleCell(p *live.Process) string {
+	if p.Tenant == "" {
+		return p.Role
+	}
+	return p.Role + "/" + p.Tenant
 }
 
 // processState says what is wrong with p, if anything.

@@ -104,3 +104,18 @@ func linesText(ls []topLine) string {
 	}
 	return b.String()
 }
+
+// TestTopRoleNamesTheTenant: a process that serves one tenant shows it
+// beside its role, so that two workers of one node tell apart.
+func TestTopRoleNamesTheTenant(t *testing.T) {
+	m := newTopModel("nats://x")
+	m.view = topTestView()
+	m.view.Processes[0].Tenant = "acme"
+	m.view.Processes[1].Tenant = "beta"
+	text := linesText(m.lines(10))
+	for _, want := range []string{" worker/acme ", " worker/beta ", " serve "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+}

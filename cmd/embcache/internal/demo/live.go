@@ -13,23 +13,30 @@ import (
 	"github.com/embcache/embcache/cmd/embcache/internal/liveui"
 	"github.com/embcache/embcache/internal/workload"
 	"github.com/embcache/embcache/live"
-	"github.com/embcache/embcache/node"
+	"github.com/nats-io/nats.go"
 )
 
-// serveLive serves the live view's page for the run, over the reconciler
-// node's connection, and says where it is and how embcache top shows the
-// same. The returned function stops it.
-func serveLive(c Config, rec *node.Node, natsURL string, progress io.Writer) (func(), error) {
+// serveLive serves the live view's page for the run, on a NATS
+// connection of its own (the page follows every lease write: not on the
+// reconciler node's), and says where it is and how embcache top shows
+// the same. The returned function stops it and closes its connection.
+func serveLive(c Config, natsURL string, progress io.Writer) (func(), error) {
 	listen := c.LiveListen
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	agg, err := live.NewAggregator(rec.Conn(), live.WithLeases(), live.WithReconcilerLag())
+	nc, err := nats.Connect(natsURL, nats.Name("embcache demo page"))
 	if err != nil {
+		return nil, fmt.Errorf("live view: %w", err)
+	}
+	agg, err := live.NewAggregator(nc, live.WithLeases(), live.WithReconcilerLag())
+	if err != nil {
+		nc.Close()
 		return nil, err
 	}
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
+		nc.Close()
 		return nil, fmt.Errorf("live view listener: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -50,6 +57,7 @@ func serveLive(c Config, rec *node.Node, natsURL string, progress io.Writer) (fu
 		scancel()
 		cancel()
 		<-ran
+		nc.Close()
 	}, nil
 }
 

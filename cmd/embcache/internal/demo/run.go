@@ -107,7 +107,7 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 		return nil, err
 	}
 	defer rec.Close()
-	stopLive, err := serveLive(c, rec, srv.ClientURL(), progress)
+	stopLive, err := serveLive(c, srv.ClientURL(), progress)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,9 @@ package liveui
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,28 +17,76 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func (l *Lazy) running() bool {
+// listening reports whether l's Aggregator runs.
+func (l *Lazy) listening() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.agg != nil
 }
 
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// waitFor polls cond, held by another goroutine, until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling its goroutine
+	}
+}
+
 // TestLazyListensOnlyWhileLookedAt: the first View starts the
-// Aggregator, a spell without one stops it, the next starts it again,
-// and Close stops it for good; the page and its JSON are served.
+// Aggregator on a connection of its own, a spell without one stops it
+// and closes that connection, the next starts it again, and Close stops
+// it for good; the page and its JSON are served.
 func TestLazyListensOnlyWhileLookedAt(t *testing.T) {
 	s, err := embedded.Start(embedded.Options{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Shutdown()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
+	var mu sync.Mutex
+	var conns []*nats.Conn // one per start
+	started := func() []*nats.Conn {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(conns)
 	}
-	defer nc.Close()
-	started := 0
-	l := NewLazy(func() (*live.Aggregator, error) { started++; return live.NewAggregator(nc) }, 50*time.Millisecond)
+	l := NewLazy(func() (*live.Aggregator, func(), error) {
+		nc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			return nil, nil, err
+		}
+		mu.Lock()
+		conns = append(conns, nc)
+		mu.Unlock()
+		agg, err := live.NewAggregator(nc)
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		return agg, nc.Close, nil
+	}, 50*time.Millisecond)
+	clock := &fakeClock{now: time.Now()} // idle passes when the test says
+	l.clock = clock
 	mux := http.NewServeMux()
 	Register(mux, l)
 	srv := httptest.NewServer(mux)
@@ -60,21 +110,59 @@ func TestLazyListensOnlyWhileLookedAt(t *testing.T) {
 			t.Fatalf("GET %s: %s, no %q", c.path, resp.Status, c.want)
 		}
 	}
-	if !l.running() || started != 1 {
-		t.Fatal("a View did not start it")
+	waitFor(t, "a View starts it", l.listening)
+	if n := len(started()); n != 1 {
+		t.Fatalf("%d started", n)
 	}
-	for deadline := time.Now().Add(10 * time.Second); l.running(); {
-		if time.Now().After(deadline) {
-			t.Fatal("still listening long after the last View")
-		}
-		time.Sleep(10 * time.Millisecond) // polling its goroutine
-	}
+	clock.add(time.Second)
+	waitFor(t, "stopped once idle, its connection closed", func() bool {
+		return !l.listening() && started()[0].IsClosed()
+	})
 	l.View()
-	if !l.running() || started != 2 {
-		t.Fatal("the next View did not start it again")
+	waitFor(t, "the next View starts it again", l.listening)
+	if n := len(started()); n != 2 || started()[1].IsClosed() {
+		t.Fatalf("%d started", n)
 	}
 	l.Close()
-	if l.View(); l.running() || started != 2 {
+	if l.View(); l.listening() || len(started()) != 2 || !started()[1].IsClosed() {
+		t.Fatal("running, or its connection open, after Close")
+	}
+}
+
+// TestLazyClosesWhileStarting: Close while start dials waits for it and
+// releases what it made; nothing runs after.
+func TestLazyClosesWhileStarting(t *testing.T) {
+	dialing, dialed := make(chan struct{}), make(chan struct{})
+	released := make(chan struct{})
+	l := NewLazy(func() (*live.Aggregator, func(), error) {
+		close(dialing)
+		<-dialed
+		agg, err := live.NewAggregator(&nats.Conn{})
+		return agg, func() { close(released) }, err
+	}, time.Minute)
+	l.View()
+	<-dialing
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		l.Close()
+	}()
+	// Close waits for the start under way, which is not under the lock:
+	// View answers meanwhile.
+	waitFor(t, "closed", func() bool {
+		l.View()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.closed
+	})
+	close(dialed)
+	<-closed
+	select {
+	case <-released:
+	default:
+		t.Fatal("Close returned before what start made was released")
+	}
+	if l.listening() {
 		t.Fatal("running after Close")
 	}
 }
