@@ -96,6 +96,10 @@ func WithObserver(o Observer) Option {
 	return func(s *settings) error { s.observer = o; return nil }
 }
 
+// DefaultLeaseTTL is how long a lease lives without a heartbeat unless
+// WithLeaseTTL says otherwise.
+const DefaultLeaseTTL = 5 * time.Second
+
 func defaults() settings {
 	host, _ := os.Hostname()
 	if host == "" {
@@ -104,7 +108,7 @@ func defaults() settings {
 	return settings{
 		bucket:         lease.DefaultBucket,
 		replicas:       1,
-		leaseTTL:       5 * time.Second,
+		leaseTTL:       DefaultLeaseTTL,
 		storeTTL:       time.Hour,
 		markerTTL:      time.Minute,
 		opTimeout:      2 * time.Second,
@@ -183,7 +187,7 @@ func WithLeaseShards(n int) Option {
 }
 
 // WithLeaseTTL sets how long a lease lives without a heartbeat (default
-// 5s, at least 1s): the time a crashed holder blocks its key. Heartbeats go
+// DefaultLeaseTTL, at least 1s): the time a crashed holder blocks its key. Heartbeats go
 // every third. JetStream keeps TTLs in whole seconds: a fraction is
 // rounded up on the wire, while the holder gives the lease up by d.
 func WithLeaseTTL(d time.Duration) Option {

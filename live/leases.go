@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/lease"
 	"github.com/embcache/embcache/reconciler"
 	"github.com/nats-io/nats.go"
@@ -22,8 +23,8 @@ const electionKey = reconciler.ElectionKey
 const expiryMargin = time.Second
 
 // defaultLeaseTTL is taken as the lease TTL of a computing record without
-// a TTL header: the coordinator's default.
-const defaultLeaseTTL = 5 * time.Second
+// a TTL header.
+const defaultLeaseTTL = coordinator.DefaultLeaseTTL
 
 // ended is what last ended a key's lease: a commit, delete, purge or
 // expiry marker, or a record that does not decode, at rev. A computing
