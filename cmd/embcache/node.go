@@ -53,7 +53,7 @@ func (f *nodeFlags) registerServing(fs *pflag.FlagSet, replicasHelp, leaseHelp s
 	fs.StringVar(&o.PayloadToken, "payload-token", envOr("EMBCACHE_PAYLOAD_TOKEN", ""), "bearer token the payload server requires, and pulls send to --payload-peers ($EMBCACHE_PAYLOAD_TOKEN)")
 	fs.IntVar(&o.Replicas, "replicas", 1, replicasHelp)
 	fs.IntVar(&o.LeaseShards, "lease-shards", 0, "KV buckets the lease keys spread over, when this process creates the bucket (0: as the bucket records; 1 for a new one)")
-	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 5*time.Second, leaseHelp)
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", coordinator.DefaultLeaseTTL, leaseHelp)
 	fs.DurationVar(&o.ClockAllowance, "clock-allowance", 0, "how far the NATS servers' and processes' clocks may disagree (default: a fifth of --lease-ttl, at most 1s)")
 	fs.DurationVar(&o.StoreTTL, "store-ttl", time.Hour, "committed record TTL (1s to 24h)")
 	fs.DurationVar(&o.SummaryInterval, "summary-interval", 0, "how often this process announces its live summary to embcache top and serve's page (0: 2s; <0: never)")

@@ -93,7 +93,7 @@ func openSystem(ctx context.Context, cfg dedupConfig, logger *slog.Logger, compu
 	case sysEmbcache, sysEmbcacheNS, sysEmbcacheR3, sysEmbcacheSh, sysEmbcacheMC:
 		// No live summaries: they would count in the messages per request.
 		o := node.Options{NATSURL: cfg.NATS, Name: fmt.Sprintf("p%d", cfg.Proc), ShmDir: filepath.Join(cfg.ShmDir, fmt.Sprintf("p%d", cfg.Proc)),
-			Replicas: cfg.Replicas, LeaseShards: cfg.Shards, LeaseTTL: 5 * time.Second, StoreTTL: time.Hour, Logger: logger, SummaryInterval: -1,
+			Replicas: cfg.Replicas, LeaseShards: cfg.Shards, LeaseTTL: coordinator.DefaultLeaseTTL, StoreTTL: time.Hour, Logger: logger, SummaryInterval: -1,
 			Cache: []coordinator.Option{coordinator.WithLocalCache(localcache.Budget{MaxBytes: cfg.LocalMaxByte})}}
 		switch {
 		case cfg.System == sysEmbcacheSh: // one node: every process maps the others' files
