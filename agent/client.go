@@ -35,11 +35,26 @@ type Client struct {
 }
 
 // Dial returns a client of the agent at socket. It does not connect yet.
-func Dial(socket string) *Client {
+// Each connection it makes checks who listens on the socket first: calls
+// to a process that runs as a user it does not trust fail with an error
+// wrapping ErrUntrustedAgent (see WithAgentUID).
+func Dial(socket string, opts ...DialOption) *Client {
+	var cfg dialConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			conn, err := d.DialContext(ctx, "unix", socket)
+			if err != nil {
+				return nil, err
+			}
+			if err := cfg.checkPeer(conn); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return conn, nil
 		},
 		MaxIdleConnsPerHost: 64,
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/embcache/embcache/agent"
 	"github.com/spf13/cobra"
@@ -14,8 +15,8 @@ import (
 
 // agentGetFlags are agent get's inputs.
 type agentGetFlags struct {
-	socket, configPath, rawPath, valuePath, dtype, shape, requestID string
-	shapeSet                                                        bool // --shape given: '' is a scalar's shape
+	socket, configPath, rawPath, valuePath, dtype, shape, requestID, agentUID string
+	shapeSet                                                                  bool // --shape given: '' is a scalar's shape
 }
 
 // newAgentGet is a Go process using the agent as the Python client does:
@@ -41,6 +42,8 @@ func newAgentGet() *cobra.Command {
 	f.StringVar(&g.dtype, "dtype", "float32", "the value's dtype")
 	f.StringVar(&g.shape, "shape", "", "the value's shape, comma-separated ('' for a scalar)")
 	f.StringVar(&g.requestID, "request", "go-request", "request id (its pins are released before exit)")
+	f.StringVar(&g.agentUID, "agent-uid", envOr("EMBCACHE_AGENT_UID", ""),
+		"a user the agent may run as besides this process's and root ($EMBCACHE_AGENT_UID): a process of any other user on the socket is refused")
 	return cmd
 }
 
@@ -60,7 +63,15 @@ func (g *agentGetFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	c := agent.Dial(g.socket)
+	var opts []agent.DialOption
+	if g.agentUID != "" {
+		uid, err := strconv.ParseUint(g.agentUID, 10, 32)
+		if err != nil {
+			return usagef("--agent-uid %q: want a numeric user ID", g.agentUID)
+		}
+		opts = append(opts, agent.WithAgentUID(uint32(uid)))
+	}
+	c := agent.Dial(g.socket, opts...)
 	defer c.Close()
 	k, err := c.Key(ctx, agent.KeyRequest{Config: cfg, Mode: "raw-bytes", Data: input})
 	if apiErr := (*agent.APIError)(nil); errors.As(err, &apiErr) && apiErr.Code == "bad_request" {

@@ -24,6 +24,7 @@ from .embedding import Embedding
 from .errors import (
     AgentTimeout,
     AgentUnavailable,
+    UntrustedAgent,
     AnswerMismatch,
     APIError,
     BadRequest,
@@ -42,6 +43,7 @@ from .values import HiddenPrefix, Tensor, Tokens
 __all__ = [
     "AgentTimeout",
     "AgentUnavailable",
+    "UntrustedAgent",
     "AnswerMismatch",
     "APIError",
     "AsyncEmbeddingCache",

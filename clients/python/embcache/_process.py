@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, FrozenSet, TypeVar
 
 from .connection import Pool
 
@@ -25,10 +25,10 @@ class ProcessState:
     child take its locks: one held at fork() by another thread of the
     parent stays held in the child forever."""
 
-    def __init__(self, client_id: str, path: str, max_idle: int):
+    def __init__(self, client_id: str, path: str, max_idle: int, trusted: FrozenSet[int] = frozenset()):
         self.pid = os.getpid()
         self.client_id = client_id
-        self.pool = Pool(path, max_idle, client_id)
+        self.pool = Pool(path, max_idle, client_id, trusted)
 
 
 # Every live client and what it does in a forked child, so that a child

@@ -145,7 +145,10 @@ class EmbeddingCache:
     (plus agent_timeout).
 
     socket_path is the agent's socket; by default $EMBCACHE_AGENT_SOCKET,
-    which `embcache agent` reads too.
+    which `embcache agent` reads too. Each connection checks who listens
+    on it first: a process of any user but this process's, root, or
+    agent_uid (default $EMBCACHE_AGENT_UID: the user an agent with
+    --shm-group runs as) gets nothing (UntrustedAgent).
 
     With enabled=False the client is a pass-through: get_or_compute calls
     compute_fn every time and the agent is never contacted. When the cache
@@ -163,7 +166,7 @@ class EmbeddingCache:
                  store_unavailable_mode: str = "degrade", agent_timeout: float = 5.0,
                  compute_timeout: float = 300.0, client_id: Optional[str] = None,
                  mapping_cache_bytes: int = 4 << 30, max_idle_connections: int = 4,
-                 key_slot_max_bytes: int = 64 << 20):
+                 key_slot_max_bytes: int = 64 << 20, agent_uid: Optional[int] = None):
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled={enabled!r}: want True or False")
         if store_unavailable_mode not in ("degrade", "strict"):
@@ -175,8 +178,17 @@ class EmbeddingCache:
         for name, t in (("agent_timeout", agent_timeout), ("compute_timeout", compute_timeout)):
             if not 0 < t <= _MAX_TIMEOUT:  # also refuses NaN
                 raise ValueError(f"{name}={t!r}: want seconds in (0, {_MAX_TIMEOUT:g}]")
+        if agent_uid is None and os.environ.get("EMBCACHE_AGENT_UID"):
+            try:
+                agent_uid = int(os.environ["EMBCACHE_AGENT_UID"])
+            except ValueError:
+                raise ValueError(f"$EMBCACHE_AGENT_UID={os.environ['EMBCACHE_AGENT_UID']!r}: want a numeric user ID") from None
+        if agent_uid is not None and (isinstance(agent_uid, bool) or not isinstance(agent_uid, int)
+                                      or not 0 <= agent_uid < 1 << 32):
+            raise ValueError(f"agent_uid={agent_uid!r}: want a numeric user ID")
         self.enabled = enabled
         self.socket_path = socket_path or ""
+        self._trusted_uids = frozenset() if agent_uid is None else frozenset([agent_uid])
         self.strict = store_unavailable_mode == "strict"
         self.agent_timeout = float(agent_timeout)
         self.compute_timeout = float(compute_timeout)
@@ -190,12 +202,12 @@ class EmbeddingCache:
     def _setup(self) -> None:
         """What a client has in the process it is in (not pickled)."""
         self._mappings = Mappings(self._mapping_cache_bytes)
-        self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
+        self._state = ProcessState(self._identity(), self.socket_path, self._max_idle, self._trusted_uids)
         self.policy = Policy(self.strict)  # store_unavailable_mode, in this process
         _process.at_fork(self, EmbeddingCache._enter_process)
 
     _SETTINGS = ("enabled", "socket_path", "strict", "agent_timeout", "compute_timeout", "_client_base",
-                 "_origin_pid", "_mapping_cache_bytes", "_max_idle", "key_slot_max_bytes")
+                 "_origin_pid", "_mapping_cache_bytes", "_max_idle", "key_slot_max_bytes", "_trusted_uids")
 
     def __getstate__(self) -> Dict[str, Any]:
         # Only the settings cross to another process: the copy connects on
@@ -255,7 +267,7 @@ class EmbeddingCache:
                 return inherited  # another thread got here first
             self._mappings.after_fork()
             self.policy = Policy(self.strict)
-            self._state = ProcessState(self._identity(), self.socket_path, self._max_idle)
+            self._state = ProcessState(self._identity(), self.socket_path, self._max_idle, self._trusted_uids)
         inherited.pool.disown()
         return self._state
 

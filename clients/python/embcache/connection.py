@@ -5,12 +5,13 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
-from typing import List, Mapping, Optional, Tuple
+from typing import FrozenSet, List, Mapping, Optional, Tuple
 
-from .errors import AgentTimeout, AgentUnavailable, AnswerMismatch
+from .errors import AgentTimeout, AgentUnavailable, AnswerMismatch, UntrustedAgent
 
 # An answer's header block, and a body without a length, are bounded.
 _MAX_HEADER = 1 << 20
@@ -22,6 +23,25 @@ _SEND_BUFFER = 4 << 20
 
 class ProtocolError(AgentUnavailable):
     """The agent's answer is not the HTTP this client speaks."""
+
+
+def check_peer(s: socket.socket, path: str, trusted: FrozenSet[int]) -> None:
+    """Raises UntrustedAgent unless the process listening on s (its
+    credentials when it listened: SO_PEERCRED) runs as this process's user,
+    as root, or as a user in trusted. A socket path is no proof of who
+    listens on it: the agent refuses a directory another user may write,
+    but a client cannot tell whether the agent started at all."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:  # not Linux: the agent does not run there
+        return
+    fmt = "iII"  # pid, uid, gid
+    pid, uid, _ = struct.unpack(fmt, s.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize(fmt)))
+    me = os.geteuid()
+    if uid in (0, me) or uid in trusted:
+        return
+    raise UntrustedAgent(
+        f"the process on {path} (pid {pid}) runs as uid {uid}, not this process's user ({me}), root, "
+        f"nor agent_uid {sorted(trusted)}: nothing was sent to it")
 
 
 class Connection:
@@ -38,9 +58,10 @@ class Connection:
     Any failure closes the connection: what is left on its stream is not
     known."""
 
-    def __init__(self, path: str, client: str = ""):
+    def __init__(self, path: str, client: str = "", trusted: FrozenSet[int] = frozenset()):
         self.path = path
         self.client = client  # sent with every call (Embcache-Client): the agent keeps its pins while we are open
+        self.trusted = trusted  # users the agent may run as, besides ours and root (agent_uid)
         self.sock: Optional[socket.socket] = None
         self.buf = b""
         self.name = os.urandom(8).hex()  # random: unique among every process's connections
@@ -62,7 +83,8 @@ class Connection:
         s.settimeout(timeout)
         try:
             s.connect(self.path)
-        except OSError:
+            check_peer(s, self.path, self.trusted)
+        except BaseException:
             s.close()
             raise
         self.sock, self.buf = s, b""
@@ -231,9 +253,10 @@ class Pool:
     It belongs to the process that made it: a forked child must disown an
     inherited pool (its sockets are the parent's) and make its own."""
 
-    def __init__(self, path: str, max_idle: int, client: str = ""):
+    def __init__(self, path: str, max_idle: int, client: str = "", trusted: FrozenSet[int] = frozenset()):
         self.path = path
         self.client = client
+        self.trusted = trusted
         self.max_idle = max(1, max_idle)
         self.lock = threading.Lock()
         self.idle: List[Connection] = []
@@ -244,7 +267,7 @@ class Pool:
 
     def take(self) -> Connection:
         with self.lock:
-            c = self.idle.pop() if self.idle else Connection(self.path, self.client)
+            c = self.idle.pop() if self.idle else Connection(self.path, self.client, self.trusted)
             self.busy.add(c)
             return c
 

@@ -17,6 +17,14 @@ class AgentUnavailable(EmbcacheError):
     """The agent's socket cannot be reached, or a call got no answer."""
 
 
+class UntrustedAgent(AgentUnavailable):
+    """The process listening on the agent's socket runs as a user this
+    client does not trust to be its agent: neither this process's user, nor
+    root, nor agent_uid. Nothing is sent to it (it would read the inputs
+    keyed, and could answer with any value): the connection is closed, and
+    in degrade mode get_or_compute computes instead."""
+
+
 class AgentTimeout(AgentUnavailable):
     """The agent did not answer within its timeout (agent_timeout, or
     compute_timeout plus agent_timeout for a lookup that may wait for

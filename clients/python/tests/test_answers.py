@@ -8,13 +8,16 @@ import json
 import os
 import shutil
 import socketserver
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 import unittest
 
-from embcache import (AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig, Reservation,
-                      StoreFull, Tensor, Tokens)
+from embcache import (AgentTimeout, AnswerMismatch, APIError, EmbeddingCache, EmbeddingCacheKey, EncoderPreprocessingConfig,
+                      Reservation, StoreFull, Tensor, Tokens, UntrustedAgent)
 
 from .test_fork import fork_call, join_child
 
@@ -324,3 +327,58 @@ class IdentityTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+NOBODY = 65534
+
+
+class UntrustedAgentTest(unittest.TestCase):
+    """A process of another user listening where the agent's socket should
+    be (the agent not started, or refused to start: a local user made its
+    directory first) gets nothing: the client refuses the connection before
+    a byte is sent, raising in strict mode and computing in degrade mode.
+    Trusted by agent_uid, it is called."""
+
+    def setUp(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root, to run a process as another user")
+        d = tempfile.mkdtemp(prefix="embcache-squat-")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.chown(d, NOBODY, NOBODY)
+        self.path = os.path.join(d, "agent.sock")
+        code = textwrap.dedent("""
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(sys.argv[1])
+            s.listen(8)
+            print("listening", flush=True)
+            held = []
+            while True:
+                held.append(s.accept()[0])  # reads nothing, answers nothing
+            """)
+        p = subprocess.Popen([sys.executable, "-c", code, self.path], user=NOBODY, group=NOBODY, extra_groups=[],
+                             stdout=subprocess.PIPE, text=True)
+        self.addCleanup(p.stdout.close)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        self.assertEqual(p.stdout.readline(), "listening\n")
+
+    def test_another_users_process_gets_nothing(self):
+        strict = EmbeddingCache(self.path, store_unavailable_mode="strict", agent_timeout=2.0)
+        self.addCleanup(strict.close)
+        with self.assertRaisesRegex(UntrustedAgent, f"runs as uid {NOBODY}"):
+            strict.get(KEY, "r1")
+        degrade = EmbeddingCache(self.path, agent_timeout=2.0)
+        self.addCleanup(degrade.close)
+        self.assertEqual(degrade.get_or_compute(KEY, lambda: "computed", "r2"), "computed")
+
+    def test_agent_uid_trusts_it(self):
+        trusting = EmbeddingCache(self.path, store_unavailable_mode="strict", agent_timeout=0.5, agent_uid=NOBODY)
+        self.addCleanup(trusting.close)
+        with self.assertRaises(AgentTimeout):  # connected and asked: it answers nothing
+            trusting.get(KEY, "r1")
+
+    def test_agent_uid_must_be_a_user_id(self):
+        for bad in (-1, 1 << 32, "65534", True, 1.5):
+            with self.assertRaises(ValueError):
+                EmbeddingCache(self.path, agent_uid=bad)

@@ -1,15 +1,18 @@
 // Package localdirtest lets a test running as root act as another local
-// user: it runs one file operation in a child process with that user's
-// credentials (syscall.Credential), the test binary itself re-executed
-// from a directory that user may run it from. A test package that uses it
-// calls Main first in its TestMain.
+// user: it runs one file operation (As), or serves a Unix socket
+// (ServeAs), in a child process with that user's credentials
+// (syscall.Credential), the test binary itself re-executed from a
+// directory that user may run it from. A test package that uses it calls
+// Main first in its TestMain.
 package localdirtest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,6 +45,10 @@ func Main() {
 	op := os.Getenv(envOp)
 	if op == "" {
 		return
+	}
+	if op == serveOp {
+		serve(os.Getenv(envPath))
+		os.Exit(0)
 	}
 	err := do(op, os.Getenv(envPath))
 	var errno syscall.Errno
@@ -116,37 +123,7 @@ func Dir(t testing.TB) string {
 // needs root.
 func As(t testing.TB, uid, gid int, op, path string) error {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to act as another user")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The test binary lies in go's build directory (0700): a link to it
-	// in a directory the other user may search, or a copy.
-	dir, err := os.MkdirTemp("", "localdirtest-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "test")
-	if err := os.Link(exe, bin); err != nil {
-		b, err := os.ReadFile(exe)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(bin, b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.Command(bin)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), envOp+"="+op, envPath+"="+path)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+	cmd := command(t, uid, gid, op, path)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s %s as uid %d: %v: %s", op, path, uid, err, out)
@@ -167,6 +144,98 @@ func As(t testing.TB, uid, gid int, op, path string) error {
 	}
 	t.Fatalf("%s %s as uid %d: %s", op, path, uid, out)
 	return nil
+}
+
+// command is the test binary, run as user uid with group gid (and no
+// other group), from a directory that user may run it from, set to run
+// op on path. It needs root.
+func command(t testing.TB, uid, gid int, op, path string) *exec.Cmd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to act as another user")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The test binary lies in go's build directory (0700): a link to it
+	// in a directory the other user may search, or a copy.
+	dir, err := os.MkdirTemp("", "localdirtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "test")
+	if err := os.Link(exe, bin); err != nil {
+		b, err := os.ReadFile(exe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(bin)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), envOp+"="+op, envPath+"="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+	return cmd
+}
+
+// serveOp is the operation ServeAs runs.
+const serveOp = "serve"
+
+// ServeAs listens on the Unix socket path as user uid with group gid in
+// a child process, and answers every HTTP request 200 with the body
+// "{}" and the request's Embcache-* headers, until the test ends: a process of another user on a socket. It
+// needs root.
+func ServeAs(t testing.TB, uid, gid int, path string) {
+	t.Helper()
+	cmd := command(t, uid, gid, serveOp, path)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if line != "listening\n" {
+		t.Fatalf("serving %s as uid %d: %q, %v", path, uid, line, err)
+	}
+}
+
+// serve is ServeAs's child.
+func serve(path string) {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Println("error", err)
+		return
+	}
+	defer l.Close()
+	go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for name, v := range r.Header { // the call's names, echoed as an agent does
+			if strings.HasPrefix(name, "Embcache-") {
+				w.Header()[name] = v
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, "{}")
+	}))
+	fmt.Println("listening")
+	io.Copy(io.Discard, os.Stdin) // until the test ends
 }
 
 // Squat makes dir as another user (Nobody) would before embcache, with
