@@ -1,13 +1,13 @@
 package live
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/internal/fakeclock"
 	"github.com/nats-io/nats.go"
 )
 
@@ -17,11 +17,11 @@ import (
 type feed struct {
 	t     *testing.T
 	a     *Aggregator
-	clock *fakeClock
+	clock *fakeclock.Clock
 	s     Summary
 }
 
-func newFeed(t *testing.T, a *Aggregator, clock *fakeClock, node, id string) *feed {
+func newFeed(t *testing.T, a *Aggregator, clock *fakeclock.Clock, node, id string) *feed {
 	return &feed{t: t, a: a, clock: clock, s: Summary{V: Version, Node: node, ID: id, Role: RoleWorker,
 		Start: clock.Now().UnixNano(), Every: 1000, Requests: map[string]uint64{}}}
 }
@@ -39,7 +39,7 @@ func (f *feed) send(req map[string]uint64, forwards uint64) {
 	f.a.Receive(Subject(f.s.Tenant, f.s.Node, f.s.ID), body)
 }
 
-func newTestAggregator(t *testing.T, clock *fakeClock) *Aggregator {
+func newTestAggregator(t *testing.T, clock *fakeclock.Clock) *Aggregator {
 	t.Helper()
 	// The connection is never used: Receive and View are called directly.
 	a, err := NewAggregator(&nats.Conn{}, WithAggregatorClock(clock))
@@ -55,14 +55,14 @@ func TestRatesFromCounterDeltas(t *testing.T) {
 	clock := newFakeClock()
 	a := newTestAggregator(t, clock)
 	w1, w2 := newFeed(t, a, clock, "n1", "a"), newFeed(t, a, clock, "n2", "b")
-	clock.Add(5 * time.Second) // long after their start: no rate from a first summary
+	clock.Advance(5 * time.Second) // long after their start: no rate from a first summary
 	w1.send(map[string]uint64{"local-hit": 100, "computed": 10}, 10)
 	w2.send(map[string]uint64{"remote-hit": 50}, 0)
 	v := a.View()
 	if v.Totals.Processes != 2 || v.Totals.Rates.Total != 0 || v.Totals.Counters.Total != 160 || v.Totals.Counters.Saved != 150 {
 		t.Fatalf("first summaries: %+v", v.Totals)
 	}
-	clock.Add(2 * time.Second)
+	clock.Advance(2 * time.Second)
 	w1.send(map[string]uint64{"local-hit": 140, "computed": 14, "waited": 6}, 14)
 	w2.send(map[string]uint64{"remote-hit": 60}, 0)
 	v = a.View()
@@ -88,9 +88,9 @@ func TestRestartIsNoNegativeRate(t *testing.T) {
 	clock := newFakeClock()
 	a := newTestAggregator(t, clock)
 	w := newFeed(t, a, clock, "n1", "a")
-	clock.Add(5 * time.Second)
+	clock.Advance(5 * time.Second)
 	w.send(map[string]uint64{"local-hit": 1000}, 50)
-	clock.Add(time.Second)
+	clock.Advance(time.Second)
 	w.send(map[string]uint64{"local-hit": 7}, 1) // a library Cache made anew under the same publisher
 	r := a.View().Totals.Rates
 	if !near(r.Total, 7) || !near(r.Forwards, 1) || *r.HitRatio > 1 {
@@ -99,7 +99,7 @@ func TestRestartIsNoNegativeRate(t *testing.T) {
 	// Started again with a new start time: a new life, its rates from it.
 	w.s.Start = clock.Now().UnixNano()
 	w.s.Seq = 0
-	clock.Add(500 * time.Millisecond)
+	clock.Advance(500 * time.Millisecond)
 	w.send(map[string]uint64{"local-hit": 5}, 0)
 	v := a.View()
 	if !near(v.Totals.Rates.Total, 10) || v.Totals.Counters.Total != 5 || v.Processes[0].Seq != 1 {
@@ -112,13 +112,13 @@ func TestLateSummaryIsIgnoredAndMissedCounted(t *testing.T) {
 	a := newTestAggregator(t, clock)
 	w := newFeed(t, a, clock, "n1", "a")
 	w.send(map[string]uint64{"local-hit": 1}, 0)
-	clock.Add(time.Second)
+	clock.Advance(time.Second)
 	late := w.s // the second, kept back
 	late.Seq++
 	late.Time = clock.Now().UnixNano()
 	late.Requests = map[string]uint64{"local-hit": 2}
 	w.s.Seq++
-	clock.Add(time.Second)
+	clock.Advance(time.Second)
 	w.send(map[string]uint64{"local-hit": 3}, 0)
 	body, _ := Encode(&late)
 	a.Receive(Subject("", "n1", "a"), body)
@@ -134,9 +134,9 @@ func TestSilentProcessesAreForgotten(t *testing.T) {
 	w1, w2 := newFeed(t, a, clock, "n1", "a"), newFeed(t, a, clock, "n2", "b")
 	w1.send(map[string]uint64{"computed": 1}, 1)
 	w2.send(map[string]uint64{"computed": 1}, 1)
-	clock.Add(2 * time.Second)
+	clock.Advance(2 * time.Second)
 	w1.send(map[string]uint64{"computed": 1}, 1)
-	clock.Add(1500 * time.Millisecond) // w2 silent 3.5 intervals, w1 1.5
+	clock.Advance(1500 * time.Millisecond) // w2 silent 3.5 intervals, w1 1.5
 	v := a.View()
 	if v.Totals.Processes != 1 || v.Processes[0].Node != "n1" {
 		t.Fatalf("%+v", v.Processes)
@@ -208,22 +208,7 @@ func TestViewsWhileReceiving(t *testing.T) {
 // the sum of what the sources counted.
 func TestPublisherToAggregator(t *testing.T) {
 	s := startServer(t)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	a, err := NewAggregator(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	nc, a := runAggregator(t, s.ClientURL())
 	var pubs []*Publisher
 	for i, node := range []string{"n1", "n2", "n3"} {
 		n := uint64(i + 1)

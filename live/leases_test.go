@@ -21,22 +21,8 @@ import (
 // rows are oldest first.
 func TestLeasesComputingNow(t *testing.T) {
 	s := startServer(t)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	a, err := NewAggregator(nc, WithLeases())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	_, a := runAggregator(t, s.ClientURL(), WithLeases())
+	ctx := context.Background()
 	cnc, err := coordinator.Connect(s.ClientURL(), coordinator.ModeDegrade)
 	if err != nil {
 		t.Fatal(err)
@@ -94,22 +80,8 @@ func ref(i int) coordinator.Ref {
 // (it would stay for the rest of its TTL, a lease nobody holds).
 func TestLateRepublishBringsNoLeaseBack(t *testing.T) {
 	s := startServer(t)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	a, err := NewAggregator(nc, WithLeases())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	nc, a := runAggregator(t, s.ClientURL(), WithLeases())
+	ctx := context.Background()
 	// What the streams republish, kept to be sent again.
 	stored := make(chan *nats.Msg, 64)
 	sub, err := nc.ChanSubscribe(lease.StoredWildcard, stored)
@@ -203,13 +175,13 @@ func TestEndedLeasesAreForgotten(t *testing.T) {
 	if v := a.View(); len(v.Leases) != 1 {
 		t.Fatalf("reserved: %+v", v.Leases)
 	}
-	clock.Add(time.Second)
+	clock.Advance(time.Second)
 	a.receiveStored(storedMsg(t, key, 2, clock.Now(), 0, nil)) // its delete
 	a.receiveStored(storedMsg(t, key, 1, now, 5*time.Second, &rec))
 	if v := a.View(); len(v.Leases) != 0 {
 		t.Fatalf("the reservation heard again after its delete: %+v", v.Leases)
 	}
-	clock.Add(5*time.Second + expiryMargin + time.Millisecond) // past the delete's stamp by a TTL
+	clock.Advance(5*time.Second + expiryMargin + time.Millisecond) // past the delete's stamp by a TTL
 	a.View()
 	a.mu.Lock()
 	kept := len(a.ended)

@@ -1,35 +1,20 @@
 package live
 
 import (
-	"sync"
+	"context"
 	"testing"
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/fakeclock"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeClock is a clock the test moves.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+// newFakeClock is a clock the test moves, at a fixed start.
+func newFakeClock() *fakeclock.Clock { return fakeclock.New(time.Unix(1_800_000_000, 0)) }
 
 func startServer(t testing.TB) *embedded.Server {
 	t.Helper()
@@ -50,4 +35,27 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling another goroutine's state
 	}
+}
+
+// runAggregator runs an Aggregator with opts on its own connection to
+// url until the test ends; it returns the connection and the Aggregator.
+func runAggregator(t *testing.T, url string, opts ...AggregatorOption) (*nats.Conn, *Aggregator) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	a, err := NewAggregator(nc, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return nc, a
 }

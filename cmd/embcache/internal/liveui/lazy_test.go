@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/embcache/embcache/embedded"
+	"github.com/embcache/embcache/internal/fakeclock"
 	"github.com/embcache/embcache/live"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
@@ -22,24 +23,6 @@ func (l *Lazy) listening() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.agg != nil
-}
-
-// fakeClock is a clock the test moves.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }
 
 // waitFor polls cond, held by another goroutine, until it holds.
@@ -85,7 +68,7 @@ func TestLazyListensOnlyWhileLookedAt(t *testing.T) {
 		}
 		return agg, nc.Close, nil
 	}, 50*time.Millisecond)
-	clock := &fakeClock{now: time.Now()} // idle passes when the test says
+	clock := fakeclock.New(time.Now()) // idle passes when the test says
 	l.clock = clock
 	mux := http.NewServeMux()
 	Register(mux, l)
@@ -114,7 +97,7 @@ func TestLazyListensOnlyWhileLookedAt(t *testing.T) {
 	if n := len(started()); n != 1 {
 		t.Fatalf("%d started", n)
 	}
-	clock.add(time.Second)
+	clock.Advance(time.Second)
 	waitFor(t, "stopped once idle, its connection closed", func() bool {
 		return !l.listening() && started()[0].IsClosed()
 	})
