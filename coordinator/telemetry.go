@@ -139,19 +139,20 @@ func (in *instruments) pullFailed(err error) {
 
 // Why a pull failed: a small fixed set, the pull errors' reason attribute.
 const (
-	pullNotFound    = "not_found"    // the payload is gone (payload.ErrNotFound)
-	pullCorrupt     = "corrupt"      // its size or checksum differ from the record's (payload.ErrCorrupt)
-	pullTooLarge    = "too_large"    // over the transport's size limit (payload.ErrTooLarge)
-	pullUnavailable = "unavailable"  // the node holding it cannot be reached (payload.ErrUnavailable, payload.ErrClosed)
-	pullNoTransport = "no_transport" // no transport here for the location (ErrNoTransport, payload.ErrInvalidLocation)
-	pullUntrusted   = "untrusted"    // its address is not one this node pulls from (payload.ErrUntrusted): nothing was sent there
-	pullCanceled    = "canceled"     // the caller's context ended first
-	pullOther       = "other"        // anything else (a refused token, say): the log names it
+	pullNotFound    = "not_found"         // the payload is gone (payload.ErrNotFound)
+	pullCorrupt     = "corrupt"           // its size or checksum differ from the record's (payload.ErrCorrupt)
+	pullTooLarge    = "too_large"         // over the transport's size limit (payload.ErrTooLarge)
+	pullUnavailable = "unavailable"       // the node holding it cannot be reached (payload.ErrUnavailable, payload.ErrClosed)
+	pullUnreachable = "store_unreachable" // this process cannot reach the store at all (payload.ErrStoreUnreachable): the record stays
+	pullNoTransport = "no_transport"      // no transport here for the location (ErrNoTransport, payload.ErrInvalidLocation)
+	pullUntrusted   = "untrusted"         // its address is not one this node pulls from (payload.ErrUntrusted): nothing was sent there
+	pullCanceled    = "canceled"          // the caller's context ended first
+	pullOther       = "other"             // anything else (a refused token, say): the log names it
 )
 
 var pullReasonAttrs = func() map[string]metric.MeasurementOption {
 	m := map[string]metric.MeasurementOption{}
-	for _, r := range []string{pullNotFound, pullCorrupt, pullTooLarge, pullUnavailable, pullNoTransport, pullUntrusted, pullCanceled, pullOther} {
+	for _, r := range []string{pullNotFound, pullCorrupt, pullTooLarge, pullUnreachable, pullUnavailable, pullNoTransport, pullUntrusted, pullCanceled, pullOther} {
 		m[r] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", r)))
 	}
 	return m
@@ -165,6 +166,8 @@ func pullReason(err error) string {
 		return pullCorrupt
 	case errors.Is(err, payload.ErrTooLarge):
 		return pullTooLarge
+	case errors.Is(err, payload.ErrStoreUnreachable):
+		return pullUnreachable
 	case errors.Is(err, payload.ErrUnavailable), errors.Is(err, payload.ErrClosed):
 		return pullUnavailable
 	case errors.Is(err, ErrNoTransport), errors.Is(err, payload.ErrInvalidLocation):

@@ -139,11 +139,17 @@ func (r *Router) Put(ctx context.Context, obj ObjectID, v *Value) (Location, err
 // for is ErrNoTransport.
 func (r *Router) Get(ctx context.Context, loc Location) (*Value, error) {
 	if r.store != nil && loc.Node == r.node && loc.Transport != TransportShm {
+		// The node's file of the object is read first: the file the
+		// node's pull server serves (http), or a copy (the agent places
+		// the values it serves there: Mooncake's, memory's). A missing
+		// one, or one of other bytes (another value of the key), says
+		// nothing of a copied value, which its own transport is asked
+		// for: a reader must not purge an intact record over a stale copy.
 		v, err := r.store.Get(ctx, r.inStore(loc))
 		if err == nil {
 			return v, nil
 		}
-		if !errors.Is(err, ErrNotFound) {
+		if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrCorrupt) {
 			return nil, err
 		}
 	}
