@@ -21,10 +21,12 @@ var (
 	// ErrUnavailable is returned when a remote store cannot be reached.
 	ErrUnavailable = errors.New("payload: store unavailable")
 	// ErrStoreUnreachable is returned, with ErrUnavailable, when this
-	// process cannot reach the store as a whole (a Mooncake master that
-	// does not answer it), whatever the object: it says nothing of the
-	// object, which the processes that reach the store still read. A
-	// reader keeps the object's record (docs/protocol.md 3, rule 5).
+	// process cannot reach the store as a whole, whatever the object (a
+	// Mooncake master that does not answer it, or a call into the store
+	// that does not return in time, which the transport cannot tell
+	// apart): it says nothing of the object, which the processes that
+	// reach the store still read. A reader keeps the object's record
+	// (docs/protocol.md 3, rule 5).
 	ErrStoreUnreachable = errors.New("payload: store unreachable from this process")
 	// ErrClosed is returned by calls on a closed store or transport.
 	ErrClosed = errors.New("payload: closed")
