@@ -50,7 +50,7 @@ func Dial(socket string, opts ...DialOption) *Client {
 			if err != nil {
 				return nil, err
 			}
-			if err := cfg.checkPeer(conn); err != nil {
+			if err := cfg.checkPeer(socket, conn); err != nil {
 				conn.Close()
 				return nil, err
 			}

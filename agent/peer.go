@@ -36,7 +36,7 @@ func WithAgentUID(uid uint32) DialOption {
 // checkPeer returns an error wrapping ErrUntrustedAgent unless the process
 // that listens on conn (SO_PEERCRED: its credentials when it listened)
 // runs as a trusted user.
-func (c *dialConfig) checkPeer(conn net.Conn) error {
+func (c *dialConfig) checkPeer(socket string, conn net.Conn) error {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
 		return fmt.Errorf("%w: %T is not a Unix socket", ErrUntrustedAgent, conn)
@@ -58,6 +58,6 @@ func (c *dialConfig) checkPeer(conn net.Conn) error {
 	if cred.Uid == 0 || cred.Uid == uint32(os.Geteuid()) || slices.Contains(c.trusted, cred.Uid) {
 		return nil
 	}
-	return fmt.Errorf("%w: it runs as uid %d (pid %d); trusted: this process's user (%d), root, and WithAgentUID's %v",
-		ErrUntrustedAgent, cred.Uid, cred.Pid, os.Geteuid(), c.trusted)
+	return fmt.Errorf("%w: the process on %s runs as uid %d (pid %d); trusted: this process's user (%d), root, and WithAgentUID's %v",
+		ErrUntrustedAgent, socket, cred.Uid, cred.Pid, os.Geteuid(), c.trusted)
 }

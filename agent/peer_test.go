@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/embcache/embcache/agent"
@@ -23,8 +24,8 @@ func TestAClientRefusesAProcessOfAnotherUserOnTheSocket(t *testing.T) {
 
 	c := agent.Dial(socket)
 	defer c.Close()
-	if _, err := c.Stats(ctx); !errors.Is(err, agent.ErrUntrustedAgent) {
-		t.Fatalf("stats from uid %d's process: %v, want ErrUntrustedAgent", localdirtest.Nobody, err)
+	if _, err := c.Stats(ctx); !errors.Is(err, agent.ErrUntrustedAgent) || !strings.Contains(err.Error(), socket) {
+		t.Fatalf("stats from uid %d's process: %v, want ErrUntrustedAgent naming the socket", localdirtest.Nobody, err)
 	}
 
 	trusting := agent.Dial(socket, agent.WithAgentUID(localdirtest.Nobody))

@@ -67,7 +67,7 @@ func (g *agentGetFlags) run(ctx context.Context, w io.Writer) error {
 	if g.agentUID != "" {
 		uid, err := strconv.ParseUint(g.agentUID, 10, 32)
 		if err != nil {
-			return usagef("--agent-uid %q: want a numeric user ID", g.agentUID)
+			return usagef("--agent-uid (or $EMBCACHE_AGENT_UID) %q: want a numeric user ID", g.agentUID)
 		}
 		opts = append(opts, agent.WithAgentUID(uint32(uid)))
 	}

@@ -215,6 +215,7 @@ class EmbeddingCache:
         return {name: getattr(self, name) for name in self._SETTINGS}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state.setdefault("_trusted_uids", frozenset())  # pickled by a client that had no agent_uid
         self.__dict__.update(state)
         self._setup()
 

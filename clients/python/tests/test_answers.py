@@ -382,3 +382,11 @@ class UntrustedAgentTest(unittest.TestCase):
         for bad in (-1, 1 << 32, "65534", True, 1.5):
             with self.assertRaises(ValueError):
                 EmbeddingCache(self.path, agent_uid=bad)
+
+    def test_a_client_pickled_before_agent_uid_loads(self):
+        state = EmbeddingCache(self.path, agent_uid=NOBODY).__getstate__()
+        del state["_trusted_uids"]  # as a client of an earlier version pickled it
+        old = EmbeddingCache.__new__(EmbeddingCache)
+        old.__setstate__(state)
+        self.addCleanup(old.close)
+        self.assertEqual(old._trusted_uids, frozenset())
