@@ -19,11 +19,18 @@ import (
 // delete: the file is the new value's. (The reconciler, held up by
 // another delete, handled the old expiry late and deleted the file the
 // new record then committed.)
+//
+// The other delete holds the loop until the recompute has written its
+// payload, and no longer: the test lets it go. (It used to hold it for
+// its op timeout, 4 s, three tries: 12 s of the 20 s the test waited for
+// the eviction, leaving 8 s for a loaded machine, a sweep holding the
+// key's lock first (4 s more) or a step-down of the 1 s lease (all of it
+// again).)
 func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
-	d := &blockingDeleter{store: e.store, object: blocked.Object}
-	r1, _ := e.reconciler(d, reconciler.WithOpTimeout(4*time.Second))
+	d := &blockingDeleter{store: e.store, object: blocked.Object, release: make(chan struct{})}
+	r1, _ := e.reconciler(d, reconciler.WithOpTimeout(time.Minute))
 	waitFor(t, "r1 active", func() bool { return r1.Stats().Active })
 	loc := e.commit(1, time.Second)
 	waitFor(t, "r1 busy in a payload delete", d.entered.Load)
@@ -44,6 +51,7 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	if err != nil || loc2.Checksum != loc.Checksum {
 		t.Fatal(err)
 	}
+	close(d.release) // the loop goes on, to value 1's expiry
 	waitFor(t, "the old value's eviction", func() bool { return e.evicted(1) })
 	// The commit lands.
 	rec.State, rec.Reserved, rec.Location, rec.Size, rec.Checksum, rec.Expires = lease.StateCommitted, rev, &loc2, loc2.Size, loc2.Checksum.String(), time.Now().Add(time.Hour)
@@ -63,11 +71,14 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 // marker, and its payload deleted: the abandon is the later compute's,
 // which published nothing. (An abandon within a second after the value's
 // publish counted as its end: the expiry was never announced.)
+//
+// The other delete holds the loop until the recompute has failed, and
+// no longer (as above).
 func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
-	d := &blockingDeleter{store: e.store, object: blocked.Object}
-	r, _ := e.reconciler(d, reconciler.WithOpTimeout(4*time.Second))
+	d := &blockingDeleter{store: e.store, object: blocked.Object, release: make(chan struct{})}
+	r, _ := e.reconciler(d, reconciler.WithOpTimeout(time.Minute))
 	waitFor(t, "active", func() bool { return r.Stats().Active })
 	loc := e.commit(1, time.Second)
 	waitFor(t, "the loop busy in a payload delete", d.entered.Load)
@@ -88,6 +99,7 @@ func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 	}
 	e.publish(&events.Event{Kind: events.KindAbandoned, Tenant: tenant, Key: keyOf(1), Model: "m", Epoch: 1, Node: "w2",
 		Time: time.Now(), Reason: "encoder down"})
+	close(d.release) // the loop goes on, to value 1's expiry and the abandon
 	waitFor(t, "value 1's eviction", func() bool { return e.evicted(1) })
 	waitFor(t, "value 1's payload deleted", func() bool {
 		_, err := e.store.Get(ctx, loc)

@@ -131,12 +131,14 @@ func (e *world) reconciler(d reconciler.Deleter, opts ...reconciler.Option) (*re
 }
 
 // blockingDeleter blocks the delete of one object (of every one, with
-// all) until its context ends: it holds the reconciler's loop, or its
-// sweep's readers, as a slow store's delete would.
+// all) until its context ends, or until release is closed (if set), and
+// then deletes: it holds the reconciler's loop, or its sweep's readers,
+// as a slow store's delete would, for as long as the test needs.
 type blockingDeleter struct {
 	store   *payload.MemoryStore
 	object  string
 	all     bool
+	release chan struct{} // nil: blocked until the context ends
 	entered atomic.Bool
 }
 
@@ -147,8 +149,11 @@ func (d *blockingDeleter) Generation(ctx context.Context, loc payload.Location) 
 func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
 	if d.all || loc.Object == d.object {
 		d.entered.Store(true)
-		<-ctx.Done()
-		return ctx.Err()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.release:
+		}
 	}
 	return d.store.Delete(ctx, loc, seen)
 }
