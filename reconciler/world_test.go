@@ -107,6 +107,31 @@ func (e *world) record(i int) lease.Entry {
 	return cur
 }
 
+// handedOn reports whether message seq of kvKey's shard stream (a marker,
+// say) has been sent to a consumer of that stream: the active
+// reconciler's bucket watcher, the only one in these tests. Its loop is
+// then handed the message even if the stream replaces it. (One the
+// stream replaces before sending it, as a create over a marker does
+// within the bucket's history of one, the loop never sees.)
+func (e *world) handedOn(kvKey string, seq uint64) bool {
+	e.t.Helper()
+	ctx := context.Background()
+	shards := e.b.Shards()
+	s, err := e.js.Stream(ctx, "KV_"+shards[lease.ShardOf(kvKey, len(shards))].Bucket())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	consumers := s.ListConsumers(ctx)
+	sent := false
+	for info := range consumers.Info() {
+		sent = sent || info.Delivered.Stream >= seq
+	}
+	if err := consumers.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return sent
+}
+
 // evicted reports whether the stream holds an evicted event of key i.
 func (e *world) evicted(i int) bool {
 	s, err := e.js.Stream(context.Background(), events.StreamName)
