@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,7 +22,7 @@ type Cluster struct {
 }
 
 // StartCluster starts n nodes (n >= 1) with stores under dir/<name> and
-// waits until JetStream has a meta leader, so streams can be created.
+// waits until JetStream can place a stream of n replicas (WaitJetStream).
 //
 // configure, if set, edits each node's options before it starts; it runs
 // for i = 0..n-1 in that order, once per attempt. A port picked free can be
@@ -47,8 +49,9 @@ func StartCluster(ctx context.Context, n int, dir string, configure func(i int, 
 }
 
 // startAttempts bounds how often StartCluster tries; formTimeout bounds how
-// long one attempt (and WaitJetStream) waits for the meta leader. A fresh
-// cluster elects one in about a second, or a few when the first votes split.
+// long one attempt (and WaitJetStream) waits for JetStream to be ready. A
+// fresh cluster elects a meta leader in about a second, or a few when the
+// first votes split.
 const (
 	startAttempts = 4
 	formTimeout   = 30 * time.Second
@@ -127,44 +130,71 @@ func (c *Cluster) Node(name string) *Server {
 	return nil
 }
 
-// WaitJetStream waits (formTimeout at most) until the running nodes have
-// exactly one JetStream meta leader and it sees every running node as a
-// current peer, so a stream with as many replicas as running nodes can be
-// placed.
+// WaitJetStream waits (formTimeout at most) until the running nodes'
+// JetStream can place a stream with as many replicas as running nodes:
+// exactly one meta leader, which sees every running node as a peer with
+// JetStream and stats, and every running node's meta layer current,
+// caught up with that leader and hearing from it (what nats-server's
+// /healthz?js-meta-only=true checks). A stream's own group elects its
+// leader after it is created: a create may still go unanswered for an
+// election timeout (4 to 9 s) or more on a loaded machine. The
+// ErrNotReady it returns names what was not ready when ctx or
+// formTimeout ended.
 func (c *Cluster) WaitJetStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, formTimeout)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		running := 0
-		for _, n := range c.Nodes {
-			if n.Running() {
-				running++
-			}
-		}
-		if c.leaderSeesAll(running) {
+		why := c.NotReady()
+		if why == "" {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: JetStream has no meta leader with all %d peers", ErrNotReady, running)
+			return fmt.Errorf("%w: %s", ErrNotReady, why)
 		case <-tick.C:
 		}
 	}
 }
 
-// leaderSeesAll reports whether exactly one node leads the meta group (a
-// deposed leader may not know it yet) and that node sees running peers.
-func (c *Cluster) leaderSeesAll(running int) bool {
-	peers, leaders := 0, 0
+// NotReady says what keeps the running nodes' JetStream from placing a
+// stream with as many replicas as running nodes (see WaitJetStream), or
+// "" if nothing does: for a failure's message, and for a test that waits
+// on it.
+func (c *Cluster) NotReady() string {
+	var running, leaders, peers []string
 	for _, n := range c.Nodes {
-		if srv := n.NATS(); srv != nil && srv.JetStreamIsLeader() {
-			leaders++
-			peers = len(srv.JetStreamClusterPeers())
+		srv := n.NATS()
+		if srv == nil {
+			continue
+		}
+		running = append(running, n.Name())
+		if srv.JetStreamIsLeader() { // a deposed leader may not know it yet
+			leaders = append(leaders, n.Name())
+			peers = srv.JetStreamClusterPeers()
 		}
 	}
-	return leaders == 1 && peers == running
+	switch {
+	case len(leaders) == 0:
+		return fmt.Sprintf("no JetStream meta leader among the running nodes %v", running)
+	case len(leaders) > 1:
+		return fmt.Sprintf("nodes %v each think they lead the JetStream meta group", leaders)
+	case len(peers) != len(running):
+		slices.Sort(peers)
+		return fmt.Sprintf("the JetStream meta leader %s sees %v of the running nodes %v as peers with JetStream and stats",
+			leaders[0], peers, running)
+	}
+	for _, n := range c.Nodes {
+		srv := n.NATS()
+		if srv == nil {
+			continue
+		}
+		if h := srv.Healthz(&server.HealthzOptions{JSMetaOnly: true}); h.Status != "ok" || h.Error != "" {
+			return fmt.Sprintf("%s: %s (meta leader %s)", n.Name(), h.Error, leaders[0])
+		}
+	}
+	return ""
 }
 
 // StreamLeader returns the node that leads the stream, as the cluster

@@ -260,3 +260,53 @@ func TestOneServerPerStoreDir(t *testing.T) {
 		t.Fatalf("an impossible StoreDir: %v", err)
 	}
 }
+
+// A cluster's JetStream is ready once all its nodes are: one node of
+// three has no quorum, no meta leader, and WaitJetStream says so when it
+// gives up; with its peers up, it is ready.
+func TestWaitJetStreamSaysWhatIsNotReady(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	opts := make([]Options, 3)
+	var routes []string
+	for i := range opts {
+		client, err := FreePort("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		route, err := FreePort("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "n" + strconv.Itoa(i+1)
+		opts[i] = Options{StoreDir: filepath.Join(dir, name), Name: name, Port: client, ClusterName: "not-ready", ClusterPort: route}
+		routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(route))
+	}
+	c := &Cluster{}
+	defer c.Shutdown()
+	for i := range opts {
+		opts[i].Routes = routes
+	}
+	n1, err := Start(opts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Nodes = append(c.Nodes, n1)
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort()
+	err = c.WaitJetStream(short)
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "no JetStream meta leader among the running nodes [n1]") {
+		t.Fatalf("one node of three: %v", err)
+	}
+	for _, o := range opts[1:] {
+		n, err := Start(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	if err := c.WaitJetStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

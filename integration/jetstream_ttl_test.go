@@ -393,7 +393,7 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+time.Duration(trials)*20*time.Millisecond)
 	defer cancel()
 
-	nc, js := threeNodeJS(t, ctx)
+	cl, nc, js := threeNodeJS(t, ctx)
 
 	var summary []string
 	report := func(name string, s jsnTally) {
@@ -403,11 +403,13 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 	}
 
 	t.Run("R3Markers", func(t *testing.T) {
-		kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_R3_MARKERS", History: 1,
+		began := time.Now()
+		kv, err := createKV(ctx, cl, js, jetstream.KeyValueConfig{Bucket: "JSN_R3_MARKERS", History: 1,
 			Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("bucket ready in %v", time.Since(began).Round(time.Millisecond))
 		s := jsnMeasure(t, ctx, nc, kv, true, trials)
 		report("R3 markers", s)
 		if s.lateWiped == 0 {
@@ -422,12 +424,10 @@ func TestJetStreamTTLMarkerWipesLateCAS(t *testing.T) {
 
 	t.Run("R3NoMarkers", func(t *testing.T) {
 		const bucket = "JSN_R3_NOMARKERS"
-		if err := retry(ctx, func() error {
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			_, err := js.CreateStream(actx, noMarkerKVStream(bucket, 3))
+		if err := createR3(ctx, cl, js, "KV_"+bucket, func(ctx context.Context) error {
+			_, err := js.CreateStream(ctx, noMarkerKVStream(bucket, 3))
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				return nil
+				return nil // an earlier try's create, answered too late
 			}
 			return err
 		}); err != nil {
@@ -540,8 +540,8 @@ func TestJetStreamR3CreateOverTombstoneLosers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, js := threeNodeJS(t, ctx)
-	kv, err := createKV(ctx, js, jetstream.KeyValueConfig{Bucket: "JSN_TOMBSTONE", History: 1,
+	cl, _, js := threeNodeJS(t, ctx)
+	kv, err := createKV(ctx, cl, js, jetstream.KeyValueConfig{Bucket: "JSN_TOMBSTONE", History: 1,
 		Storage: jetstream.FileStorage, Replicas: 3, LimitMarkerTTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -684,17 +684,15 @@ func singleNodeKV(t *testing.T, ctx context.Context, bucket string) (*nats.Conn,
 	return nc, js, kv
 }
 
-// createKV creates a bucket, retrying a request that got no answer: on a
-// loaded machine a meta leader change can swallow one, and the test should
-// measure the server, not wait out its context.
-func createKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+// createKV creates a bucket replicated on every node of cl (createR3: once
+// the cluster can place it, asking again while the answer means "not
+// ready yet") and returns it once every replica is current.
+func createKV(ctx context.Context, cl *embedded.Cluster, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	var kv jetstream.KeyValue
-	err := retry(ctx, func() error {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
+	err := createR3(ctx, cl, js, "KV_"+cfg.Bucket, func(ctx context.Context) error {
 		var err error
-		if kv, err = js.CreateKeyValue(actx, cfg); errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(actx, cfg.Bucket)
+		if kv, err = js.CreateKeyValue(ctx, cfg); errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket) // an earlier try's create, answered too late
 		}
 		return err
 	})
@@ -703,14 +701,16 @@ func createKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 
 // threeNodeJS starts a 3-node embedded cluster and connects to it; both
 // end with the test.
-func threeNodeJS(t *testing.T, ctx context.Context) (*nats.Conn, jetstream.JetStream) {
+func threeNodeJS(t *testing.T, ctx context.Context) (*embedded.Cluster, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	_, nc := natstest.Cluster(ctx, t, 3)
+	began := time.Now()
+	cl, nc := natstest.Cluster(ctx, t, 3)
+	t.Logf("3-node cluster ready in %v", time.Since(began).Round(time.Millisecond))
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return nc, js
+	return cl, nc, js
 }
 
 // serverProc runs an embedded server in a process of its own (this test

@@ -19,20 +19,40 @@ import (
 // delete: the file is the new value's. (The reconciler, held up by
 // another delete, handled the old expiry late and deleted the file the
 // new record then committed.)
+//
+// The other delete holds the loop until the recompute has written its
+// payload, and no longer: the test lets it go. (It used to hold it until
+// the delete's tries ran out, three of the 4 s op timeout: 12 s of the
+// 20 s the test waited for the eviction, leaving 8 s for a loaded
+// machine, a sweep holding the key's lock first (4 s more) or a
+// step-down of the 1 s lease (all of it again). The op timeout stays
+// 4 s, bounding the reconciler's other calls: if the tries run out
+// first, on a machine too slow to write the payload within 12 s, the loop
+// handles the expiry before the recompute, and the test passes without
+// having put the late case to the test.)
+//
+// The recompute reserves the key only once value 1's marker has been
+// sent to the reconciler's bucket watcher (handedOn). The reservation
+// replaces the marker (the bucket keeps one message a key), and a marker
+// replaced before the server sent it on is never seen by the loop: the
+// old value's eviction then goes unannounced (about 1 run in 40 failed
+// so here, the loop idle; the reconciler's gap, not this test's case).
 func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
-	d := &blockingDeleter{store: e.store, object: blocked.Object}
+	d := &blockingDeleter{store: e.store, object: blocked.Object, release: make(chan struct{})}
 	r1, _ := e.reconciler(d, reconciler.WithOpTimeout(4*time.Second))
 	waitFor(t, "r1 active", func() bool { return r1.Stats().Active })
 	loc := e.commit(1, time.Second)
 	waitFor(t, "r1 busy in a payload delete", d.entered.Load)
-	waitFor(t, "value 1 expired", func() bool { return !e.record(1).Live })
+	kv := lease.ValueKey(tenant, keyOf(1))
+	var marker uint64
+	waitFor(t, "value 1 expired", func() bool { cur := e.record(1); marker = cur.Rev; return !cur.Live })
+	waitFor(t, "value 1's marker handed to r1's loop", func() bool { return e.handedOn(kv, marker) })
 
 	// A worker reserves key 1 again, and writes the payload (the same bytes:
 	// keys are content addresses) before it commits.
 	ctx := context.Background()
-	kv := lease.ValueKey(tenant, keyOf(1))
 	now := time.Now()
 	rec := lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: "w2/1/y", Nonce: "y", Started: now, Heartbeat: now, Model: "m", Epoch: 1}
 	rev, err := e.b.Create(ctx, kv, rec, 30*time.Second)
@@ -44,6 +64,7 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	if err != nil || loc2.Checksum != loc.Checksum {
 		t.Fatal(err)
 	}
+	close(d.release) // the loop goes on, to value 1's expiry
 	waitFor(t, "the old value's eviction", func() bool { return e.evicted(1) })
 	// The commit lands.
 	rec.State, rec.Reserved, rec.Location, rec.Size, rec.Checksum, rec.Expires = lease.StateCommitted, rev, &loc2, loc2.Size, loc2.Checksum.String(), time.Now().Add(time.Hour)
@@ -63,20 +84,26 @@ func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 // marker, and its payload deleted: the abandon is the later compute's,
 // which published nothing. (An abandon within a second after the value's
 // publish counted as its end: the expiry was never announced.)
+//
+// The other delete holds the loop until the recompute has failed, and
+// no longer, and the recompute waits for the marker to be sent on (as
+// above).
 func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
-	d := &blockingDeleter{store: e.store, object: blocked.Object}
+	d := &blockingDeleter{store: e.store, object: blocked.Object, release: make(chan struct{})}
 	r, _ := e.reconciler(d, reconciler.WithOpTimeout(4*time.Second))
 	waitFor(t, "active", func() bool { return r.Stats().Active })
 	loc := e.commit(1, time.Second)
 	waitFor(t, "the loop busy in a payload delete", d.entered.Load)
-	waitFor(t, "value 1 expired", func() bool { return !e.record(1).Live })
+	kv := lease.ValueKey(tenant, keyOf(1))
+	var marker uint64
+	waitFor(t, "value 1 expired", func() bool { cur := e.record(1); marker = cur.Rev; return !cur.Live })
+	waitFor(t, "value 1's marker handed to the loop", func() bool { return e.handedOn(kv, marker) })
 
 	// A worker reserves key 1 again; its encoder fails: it purges its
 	// reservation and says so.
 	ctx := context.Background()
-	kv := lease.ValueKey(tenant, keyOf(1))
 	now := time.Now()
 	rev, err := e.b.Create(ctx, kv, lease.Record{V: lease.RecordVersion, State: lease.StateComputing, Owner: "w2/1/y", Nonce: "y",
 		Started: now, Heartbeat: now, Model: "m", Epoch: 1}, 30*time.Second)
@@ -88,6 +115,7 @@ func TestAFailedRecomputeDoesNotHideAnExpiry(t *testing.T) {
 	}
 	e.publish(&events.Event{Kind: events.KindAbandoned, Tenant: tenant, Key: keyOf(1), Model: "m", Epoch: 1, Node: "w2",
 		Time: time.Now(), Reason: "encoder down"})
+	close(d.release) // the loop goes on, to value 1's expiry and the abandon
 	waitFor(t, "value 1's eviction", func() bool { return e.evicted(1) })
 	waitFor(t, "value 1's payload deleted", func() bool {
 		_, err := e.store.Get(ctx, loc)

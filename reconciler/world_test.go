@@ -107,6 +107,31 @@ func (e *world) record(i int) lease.Entry {
 	return cur
 }
 
+// handedOn reports whether message seq of kvKey's shard stream (a marker,
+// say) has been sent to a consumer of that stream: the active
+// reconciler's bucket watcher, the only one in these tests. Its loop is
+// then handed the message even if the stream replaces it. (One the
+// stream replaces before sending it, as a create over a marker does
+// within the bucket's history of one, the loop never sees.)
+func (e *world) handedOn(kvKey string, seq uint64) bool {
+	e.t.Helper()
+	ctx := context.Background()
+	shards := e.b.Shards()
+	s, err := e.js.Stream(ctx, "KV_"+shards[lease.ShardOf(kvKey, len(shards))].Bucket())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	consumers := s.ListConsumers(ctx)
+	sent := false
+	for info := range consumers.Info() {
+		sent = sent || info.Delivered.Stream >= seq
+	}
+	if err := consumers.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return sent
+}
+
 // evicted reports whether the stream holds an evicted event of key i.
 func (e *world) evicted(i int) bool {
 	s, err := e.js.Stream(context.Background(), events.StreamName)
@@ -131,12 +156,14 @@ func (e *world) reconciler(d reconciler.Deleter, opts ...reconciler.Option) (*re
 }
 
 // blockingDeleter blocks the delete of one object (of every one, with
-// all) until its context ends: it holds the reconciler's loop, or its
-// sweep's readers, as a slow store's delete would.
+// all) until its context ends, or until release is closed (if set), and
+// then deletes: it holds the reconciler's loop, or its sweep's readers,
+// as a slow store's delete would, for as long as the test needs.
 type blockingDeleter struct {
 	store   *payload.MemoryStore
 	object  string
 	all     bool
+	release chan struct{} // nil: blocked until the context ends
 	entered atomic.Bool
 }
 
@@ -147,8 +174,11 @@ func (d *blockingDeleter) Generation(ctx context.Context, loc payload.Location) 
 func (d *blockingDeleter) Delete(ctx context.Context, loc payload.Location, seen payload.Generation) error {
 	if d.all || loc.Object == d.object {
 		d.entered.Store(true)
-		<-ctx.Done()
-		return ctx.Err()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.release:
+		}
 	}
 	return d.store.Delete(ctx, loc, seen)
 }

@@ -24,7 +24,10 @@ func newDemo() *cobra.Command {
 			"one encoder worker and --replicas prefill workers as separate processes, and sends a Zipf\n" +
 			"workload of real JPEG inputs through them: each request is encoded by the encoder stage and\n" +
 			"then needed by a prefill replica. It runs the same workload with the cache off and prints\n" +
-			"encoder forwards, hits by path, latencies, bytes moved, and the speedup.",
+			"encoder forwards, hits by path, latencies, bytes moved, and the speedup.\n\n" +
+			"Its files are in a directory in /dev/shm (--shm-root) and one in the temporary directory,\n" +
+			"removed when it ends; its workers die with it. A demo killed with SIGKILL leaves its\n" +
+			"directories: the next demo removes them (those of demos still running it leaves alone).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
@@ -78,6 +81,7 @@ func newDemo() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	f.BoolVarP(&c.Verbose, "verbose", "v", false, "show the workers' logs")
 	f.BoolVar(&c.Hold, "hold", false, "after the report, keep the cluster up and the workload going (new inputs each round) until Ctrl-C: watch it at the page or with embcache top, as printed")
+	f.StringVar(&c.ShmRoot, "shm-root", "", "where the payload store's directory is made (default /dev/shm); a directory there left by a demo that was killed is removed")
 	f.StringVar(&c.LiveListen, "live-listen", "127.0.0.1:0", "where the live view's page is served while the demo runs")
 	return cmd
 }

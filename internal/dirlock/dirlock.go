@@ -1,6 +1,11 @@
 // Package dirlock holds a directory for one process at a time: an
 // exclusive flock(2) on the directory itself, which the kernel releases
 // when the process ends, killed or not, so no stale lock file is left.
+//
+// The same lock tells a live owner from a dead one: MkdirTemp makes a
+// scratch directory and holds its lock, and RemoveStale removes the
+// directories of that name whose lock nobody holds, those a killed
+// process left behind.
 package dirlock
 
 import (

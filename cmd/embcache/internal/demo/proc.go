@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"sync"
 	"time"
@@ -21,10 +22,15 @@ type proc struct {
 	exited  chan struct{}
 }
 
-// startProc starts a worker process and waits for its ready line.
-func startProc(exe string, args []string, logs io.Writer) (*proc, error) {
+// startProc starts a worker process and waits for its ready line. The
+// worker inherits hold (the locks of the demo's directories, which it
+// never uses: they stay held while it lives), and is killed when the
+// demo dies (dieWithParent).
+func startProc(exe string, args []string, logs io.Writer, hold []*os.File) (*proc, error) {
 	cmd := exec.Command(exe, args...)
 	cmd.Stderr = logs
+	cmd.ExtraFiles = hold
+	cmd.SysProcAttr = dieWithParent()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

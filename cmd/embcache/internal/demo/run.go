@@ -1,12 +1,12 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +31,9 @@ type Config struct {
 	EncodeMS    int    // milliseconds a forward waits, standing for GPU time
 	Seed        uint64 // of the workload
 	Verbose     bool   // the workers' logs go to progress
+	// ShmRoot is where the shm payload store's directory is made
+	// (default /dev/shm, or the temporary directory where that fails).
+	ShmRoot string
 	// LiveListen is where the live view's page is served during the run
 	// (default 127.0.0.1:0); the demo prints its URL and the embcache top
 	// command that shows the same.
@@ -74,6 +77,8 @@ type Report struct {
 // Run starts an embedded NATS server, a reconciler node, one encoder and
 // c.Replicas prefill worker processes, sends the workload through them with
 // the cache on and then off, and reports. Progress lines go to progress.
+// It first removes what demos killed before left behind (workDirs); the
+// workers die with it (on Linux).
 func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	if c.Exe == "" {
 		exe, err := os.Executable()
@@ -82,23 +87,19 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 		}
 		c.Exe = exe
 	}
-	dir, err := os.MkdirTemp("", "embcache-demo-")
+	removeStaleWorkDirs(cmp.Or(c.ShmRoot, defaultShmRoot), progress)
+	dirs, err := makeWorkDirs(c.ShmRoot)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	shmDir := filepath.Join(dir, "shm")
-	if d, err := os.MkdirTemp("/dev/shm", "embcache-demo-"); err == nil { // tmpfs when the machine has it
-		shmDir = d
-		defer os.RemoveAll(d)
-	}
+	defer dirs.remove()
 	fmt.Fprintf(progress, "embcache demo: embedded NATS + reconciler + 1 encoder + %d prefill workers (processes)\n", c.Replicas)
-	srv, err := embedded.Start(embedded.Options{StoreDir: filepath.Join(dir, "nats")})
+	srv, err := embedded.Start(embedded.Options{StoreDir: dirs.nats})
 	if err != nil {
 		return nil, err
 	}
 	defer srv.Shutdown()
-	rec, err := node.New(node.Options{NATSURL: srv.ClientURL(), Name: "demo", ShmDir: shmDir, NoCache: true, Reconciler: true,
+	rec, err := node.New(node.Options{NATSURL: srv.ClientURL(), Name: "demo", ShmDir: dirs.shm, NoCache: true, Reconciler: true,
 		Role: live.RoleServe, SummaryInterval: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
@@ -112,7 +113,7 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 		return nil, err
 	}
 	defer stopLive()
-	procs, err := startWorkers(c, srv.ClientURL(), shmDir, progress)
+	procs, err := startWorkers(c, srv.ClientURL(), dirs, progress)
 	defer func() {
 		for _, p := range procs {
 			p.stop()
@@ -131,14 +132,15 @@ func Run(ctx context.Context, c Config, progress io.Writer) (*Report, error) {
 	return r, hold(ctx, c, procs, progress)
 }
 
-// startWorkers starts the encoder (first) and the prefill workers; on
-// error, those it started are returned too, to be stopped.
-func startWorkers(c Config, url, shmDir string, progress io.Writer) ([]*proc, error) {
+// startWorkers starts the encoder (first) and the prefill workers, each
+// holding the locks of the demo's directories with it; on error, those it
+// started are returned too, to be stopped.
+func startWorkers(c Config, url string, dirs *workDirs, progress io.Writer) ([]*proc, error) {
 	logs := io.Discard
 	if c.Verbose {
 		logs = progress
 	}
-	common := []string{"worker", "--nats", url, "--shm-dir", shmDir, "--node", "demo", "--summary-interval", "1s",
+	common := []string{"worker", "--nats", url, "--shm-dir", dirs.shm, "--node", "demo", "--summary-interval", "1s",
 		"--embed-mb", strconv.FormatFloat(c.EmbedMB, 'f', -1, 64), "--encode-ms", strconv.Itoa(c.EncodeMS)}
 	var procs []*proc
 	for i := 0; i <= c.Replicas; i++ {
@@ -146,7 +148,7 @@ func startWorkers(c Config, url, shmDir string, progress io.Writer) ([]*proc, er
 		if i == 0 {
 			role = "encoder"
 		}
-		p, err := startProc(c.Exe, append(slices.Clone(common), "--role", role), logs)
+		p, err := startProc(c.Exe, append(slices.Clone(common), "--role", role), logs, dirs.locks)
 		if err != nil {
 			return procs, err
 		}
