@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/embcache/embcache/internal/syncbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,7 +28,7 @@ var demoArgs = []string{"--requests", "8", "--unique", "4", "--replicas", "1", "
 // shmRoot and tmp (TMPDIR).
 type heldDemo struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *syncbuf.Buffer
 	exited chan error
 }
 
@@ -45,7 +46,7 @@ func startHeldDemo(t *testing.T, shmRoot, tmp string) *heldDemo {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &heldDemo{cmd: cmd, out: &syncBuffer{}, exited: make(chan error, 1)}
+	d := &heldDemo{cmd: cmd, out: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	holding, read := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(read)
