@@ -21,22 +21,14 @@ import (
 // new record then committed.)
 //
 // The other delete holds the loop until the recompute has written its
-// payload, and no longer: the test lets it go. (It used to hold it until
-// the delete's tries ran out, three of the 4 s op timeout: 12 s of the
-// 20 s the test waited for the eviction, leaving 8 s for a loaded
-// machine, a sweep holding the key's lock first (4 s more) or a
-// step-down of the 1 s lease (all of it again). The op timeout stays
-// 4 s, bounding the reconciler's other calls: if the tries run out
-// first, on a machine too slow to write the payload within 12 s, the loop
-// handles the expiry before the recompute, and the test passes without
-// having put the late case to the test.)
-//
-// The recompute reserves the key only once value 1's marker has been
-// sent to the reconciler's bucket watcher (handedOn). The reservation
-// replaces the marker (the bucket keeps one message a key), and a marker
-// replaced before the server sent it on is never seen by the loop: the
-// old value's eviction then goes unannounced (about 1 run in 40 failed
-// so here, the loop idle; the reconciler's gap, not this test's case).
+// payload, and no longer: the test lets it go, so the late case is put
+// to the test however slow the machine (the 4 s op timeout bounds the
+// reconciler's other calls). The recompute reserves the key only once
+// value 1's marker has been sent to the reconciler's bucket watcher
+// (handedOn): the reservation replaces the marker (the bucket keeps one
+// message a key), and a marker replaced before the server sent it on is
+// never seen by the loop, whose eviction then goes unannounced (a gap of
+// the reconciler's, not this test's case).
 func TestEvictionLeavesARecomputesPayload(t *testing.T) {
 	e := newWorld(t)
 	blocked := e.commit(0, time.Second)
