@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -229,8 +230,16 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	return s, c.call(ctx, "/v1/stats", nil, &s)
 }
 
+// ErrReplaced is returned by Map when the hit's file no longer holds the
+// value the agent answered with: the file was replaced since (another
+// value of the key placed at its name). Ask again.
+var ErrReplaced = errors.New("agent: the hit's file no longer holds the value the agent answered")
+
 // Map maps a hit's file read-only and returns its tensor data and a
-// function that unmaps it. No byte is copied.
+// function that unmaps it. No byte is copied. The file's trailer (the
+// checksum of its encoding, docs/protocol.md 2.3, which the agent
+// verified) must be the hit's checksum, or the error wraps ErrReplaced:
+// a file replaced since the answer is not this value.
 func Map(h *Hit) ([]byte, func() error, error) {
 	f, err := os.Open(h.File)
 	if err != nil {
@@ -244,12 +253,17 @@ func Map(h *Hit) ([]byte, func() error, error) {
 	if h.Offset < 0 || h.Length < 0 || h.Offset+h.Length > fi.Size() {
 		return nil, nil, fmt.Errorf("agent: hit [%d, +%d) outside %s (%d bytes)", h.Offset, h.Length, h.File, fi.Size())
 	}
-	if fi.Size() == 0 {
-		return nil, func() error { return nil }, nil
+	const trailer = 32
+	if fi.Size() < h.Offset+h.Length+trailer {
+		return nil, nil, fmt.Errorf("%w: %s (%d bytes) has no trailer after the hit", ErrReplaced, h.File, fi.Size())
 	}
 	m, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, nil, err
+	}
+	if hex.EncodeToString(m[len(m)-trailer:]) != h.Checksum {
+		syscall.Munmap(m)
+		return nil, nil, fmt.Errorf("%w: %s, checksum %s", ErrReplaced, h.File, h.Checksum)
 	}
 	return m[h.Offset : h.Offset+h.Length], func() error { return syscall.Munmap(m) }, nil
 }
