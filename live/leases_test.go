@@ -23,21 +23,7 @@ func TestLeasesComputingNow(t *testing.T) {
 	s := startServer(t)
 	_, a := runAggregator(t, s.ClientURL(), WithLeases())
 	ctx := context.Background()
-	cnc, err := coordinator.Connect(s.ClientURL(), coordinator.ModeDegrade)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cnc.Close()
-	router, err := payload.NewRouter("gpu-7", payload.TransportMemory, payload.NewMemoryStore("gpu-7", 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := coordinator.New(ctx, cnc, coordinator.WithNode("gpu-7"), coordinator.WithPayload(router),
-		coordinator.WithLeaseTTL(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cache.Close()
+	cache := startCache(t, s.ClientURL(), time.Second)
 	release := make(chan struct{})
 	results := make(chan error, 2)
 	for i := range 2 {
@@ -89,23 +75,9 @@ func TestLateRepublishBringsNoLeaseBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	cnc, err := coordinator.Connect(s.ClientURL(), coordinator.ModeDegrade)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cnc.Close()
-	router, err := payload.NewRouter("gpu-7", payload.TransportMemory, payload.NewMemoryStore("gpu-7", 0))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A lease TTL longer than the test: a lease brought back would not
 	// expire before it looks.
-	cache, err := coordinator.New(ctx, cnc, coordinator.WithNode("gpu-7"), coordinator.WithPayload(router),
-		coordinator.WithLeaseTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cache.Close()
+	cache := startCache(t, s.ClientURL(), time.Minute)
 	compute := func(i int, release <-chan struct{}) <-chan error {
 		result := make(chan error, 1)
 		go func() {

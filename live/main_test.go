@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embcache/embcache/coordinator"
 	"github.com/embcache/embcache/embedded"
 	"github.com/embcache/embcache/internal/fakeclock"
+	"github.com/embcache/embcache/payload"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 )
@@ -58,4 +60,26 @@ func runAggregator(t *testing.T, url string, opts ...AggregatorOption) (*nats.Co
 		<-done
 	})
 	return nc, a
+}
+
+// startCache is a Cache of node gpu-7, values in memory, with leaseTTL,
+// on its own connection to url, until the test ends.
+func startCache(t *testing.T, url string, leaseTTL time.Duration) *coordinator.Cache {
+	t.Helper()
+	nc, err := coordinator.Connect(url, coordinator.ModeDegrade)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	router, err := payload.NewRouter("gpu-7", payload.TransportMemory, payload.NewMemoryStore("gpu-7", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := coordinator.New(context.Background(), nc, coordinator.WithNode("gpu-7"), coordinator.WithPayload(router),
+		coordinator.WithLeaseTTL(leaseTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close() })
+	return cache
 }
